@@ -1,0 +1,19 @@
+// attend/error.hpp: the one exception type the library throws.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace attend {
+
+// Thrown for every problem the library detects: bad shapes or dtypes, out-of-range options,
+// malformed files, allocations that cannot be satisfied. The message names the offending
+// argument and its value or shape, e.g.
+//   "key: shape (2, 7, 32) does not match query (2, 5, 64) in the last dimension (E)".
+// Nothing is written to caller-provided outputs when an Error is thrown during validation.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+}  // namespace attend

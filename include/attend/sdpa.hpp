@@ -1,0 +1,86 @@
+// attend/sdpa.hpp: scaled dot-product attention, the listing of the seed documents.
+//
+//   scores  = Q·Kᵀ · scale (+ bias)                          (..., Lq, Lk)
+//   scores  = scores.masked_fill(excluded, -1e9)              mask == 0, or causal
+//   weights = softmax(scores, dim = -1)
+//   weights = dropout(weights, p)                             zero w.p. p, else / (1 - p)
+//   output  = weights · V                                     (..., Lq, Ev)
+//
+// Shapes: query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev) with 0 to 4 leading batch
+// dimensions, equal across query, key and value. mask and bias broadcast to (..., Lq, Lk).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "attend/tensor.hpp"
+
+namespace attend {
+
+// What a query row whose every key is excluded (by mask or causality) produces.
+enum class FullyMaskedRows : uint8_t {
+  // Exactly what the listing computes: every score is -1e9, so the weights are uniform
+  // (1/Lk) and the output is the mean of V. The default.
+  kUniform,
+  // Zero weights and a zero output row.
+  kZero,
+};
+
+// Which implementation runs. kAuto picks the fastest one that accepts the problem; the
+// reference (the listing, literally, in float64) is always available and last in line.
+enum class Backend : uint8_t { kAuto, kFused, kReference };
+
+// Value a score gets where it is excluded, as `masked_fill(mask == 0, -1e9)` in the listing.
+inline constexpr float kExcludedScore = -1e9f;
+
+struct AttentionOptions {
+  // bool or integer dtype, broadcastable to (..., Lq, Lk); an entry equal to zero excludes
+  // that key for that query. A floating mask is refused: pass additive masks as `bias`.
+  std::optional<TensorView> mask;
+  // float32 or float16, broadcastable to (..., Lq, Lk); added to the scaled scores before
+  // masking.
+  std::optional<TensorView> bias;
+  // Query i sees key j only when j <= i + (Lk - Lq): aligned to the end, as a decoder with
+  // a KV cache needs. Combines with mask and bias.
+  bool causal = false;
+  // Multiplies Q·Kᵀ; default 1/sqrt(E). Any finite value.
+  std::optional<double> scale;
+  FullyMaskedRows fully_masked_rows = FullyMaskedRows::kUniform;
+  // Dropout probability p in [0, 1). The keep/drop draw for (batch, query, key) comes from
+  // Philox-4x32-10 keyed by `seed`, so a seed reproduces the same bits at any thread count.
+  double dropout = 0.0;
+  uint64_t seed = 0;
+  // Also return the weights (after dropout), float32 (..., Lq, Lk).
+  bool need_weights = false;
+  // Threads to use; 0 means the OpenMP default. The result does not depend on it.
+  int num_threads = 0;
+  Backend backend = Backend::kAuto;
+  // need_weights refuses to allocate more than this many bytes for the weights.
+  uint64_t max_weights_bytes = uint64_t{16} << 30;
+};
+
+struct AttentionResult {
+  Tensor output;   // (..., Lq, Ev), dtype of query
+  Tensor weights;  // (..., Lq, Lk) float32 when need_weights, else empty
+};
+
+// Validates every argument (throws attend::Error naming the problem), then runs.
+AttentionResult scaled_dot_product_attention(const TensorView& query, const TensorView& key,
+                                             const TensorView& value,
+                                             const AttentionOptions& options = {});
+
+// Same, writing into caller-provided views: `output` (..., Lq, Ev) of query's dtype and,
+// when `weights` is not null, float32 (..., Lq, Lk). Outputs may be strided (e.g. the
+// (batch, length, heads, dim) layout of a multi-head module) but must not overlap an input.
+void scaled_dot_product_attention_into(const TensorView& query, const TensorView& key,
+                                       const TensorView& value, const TensorView& output,
+                                       const TensorView* weights,
+                                       const AttentionOptions& options = {});
+
+// Multiply-add count of one call: 4·batch·Lq·Lk·E for E == Ev (2·Lq·Lk·E for Q·Kᵀ and
+// 2·Lq·Lk·Ev for weights·V), halved (approximately) for causal. The one formula used by
+// every benchmark.
+double attention_flops(int64_t batch, int64_t query_len, int64_t key_len, int64_t head_dim,
+                       int64_t value_dim, bool causal);
+
+}  // namespace attend

@@ -1,0 +1,18 @@
+// kernel_list.hpp: the ordered list of attention implementations (after oneDNN's
+// cpu_*_list.cpp). Each candidate may reject a problem and say why; the reference is last
+// and accepts everything.
+#pragma once
+
+#include "attend/sdpa.hpp"
+#include "sdpa_params.hpp"
+
+namespace attend::detail {
+
+// Runs the first candidate that accepts `params` (only the named one for a forced backend;
+// attend::Error with its reason when that one rejects).
+void run_kernel(const SdpaParams& params, Backend backend);
+
+// Name of the candidate run_kernel would pick, e.g. "fused" or "reference".
+const char* chosen_kernel(const SdpaParams& params, Backend backend);
+
+}  // namespace attend::detail

@@ -1,0 +1,87 @@
+#include "reference/reference_sdpa.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "attend/sdpa.hpp"
+#include "dropout.hpp"
+
+namespace attend::detail {
+
+void reference_sdpa(const SdpaParams& params) {
+  const SdpaParams& p = params;
+  const int64_t rows = p.batch * p.query_len;
+  const uint32_t threshold = dropout_threshold(p.dropout);
+  const double keep_scale = 1.0 / (1.0 - static_cast<double>(p.dropout));
+
+#pragma omp parallel num_threads(p.num_threads)
+  {
+    std::vector<double> scores(static_cast<size_t>(p.key_len));
+    std::vector<double> output_row(static_cast<size_t>(p.value_dim));
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t b = row / p.query_len, i = row % p.query_len;
+      const float* q = p.query + p.batch_offset(p.query_strides, b) + i * p.query_strides.row;
+      const float* k = p.key + p.batch_offset(p.key_strides, b);
+      const float* v = p.value + p.batch_offset(p.value_strides, b);
+
+      // 1. scores = Q·Kᵀ · scale + bias, then masked_fill(excluded, -1e9).
+      bool any_visible = false;
+      for (int64_t j = 0; j < p.key_len; ++j) {
+        const float* kj = k + j * p.key_strides.row;
+        double dot = 0;
+        for (int64_t e = 0; e < p.head_dim; ++e) dot += double{q[e]} * double{kj[e]};
+        double s = dot * double{p.scale};
+        if (p.bias) {
+          s += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
+                      j * p.bias_strides.column];
+        }
+        bool excluded = p.causal && j > p.causal_last_key(i);
+        if (p.mask &&
+            p.mask[p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row +
+                   j * p.mask_strides.column] == 0) {
+          excluded = true;
+        }
+        if (excluded) s = double{kExcludedScore};
+        any_visible |= !excluded;
+        scores[static_cast<size_t>(j)] = s;
+      }
+
+      // 2. weights = softmax(scores); the zero option empties fully excluded rows.
+      const bool zero_row = !any_visible && p.zero_fully_masked_rows;
+      double max_score = -INFINITY;
+      for (double s : scores) max_score = std::max(max_score, s);
+      double sum = 0;
+      for (double& s : scores) {
+        s = std::exp(s - max_score);
+        sum += s;
+      }
+      for (double& s : scores) s = zero_row ? 0.0 : s / sum;
+
+      // 3. dropout on the weights.
+      if (p.dropout > 0) {
+        for (int64_t j = 0; j < p.key_len; ++j) {
+          auto& w = scores[static_cast<size_t>(j)];
+          w = dropout_keep(p.seed, threshold, b, i, j) ? w * keep_scale : 0.0;
+        }
+      }
+
+      // 4. output = weights · V.
+      std::fill(output_row.begin(), output_row.end(), 0.0);
+      for (int64_t j = 0; j < p.key_len; ++j) {
+        const double w = scores[static_cast<size_t>(j)];
+        const float* vj = v + j * p.value_strides.row;
+        for (int64_t e = 0; e < p.value_dim; ++e) output_row[static_cast<size_t>(e)] += w * vj[e];
+      }
+      float* o = p.output + p.batch_offset(p.output_strides, b) + i * p.output_strides.row;
+      for (int64_t e = 0; e < p.value_dim; ++e) o[e] = static_cast<float>(output_row[static_cast<size_t>(e)]);
+      if (p.weights) {
+        float* w = p.weights + p.batch_offset(p.weights_strides, b) + i * p.weights_strides.row;
+        for (int64_t j = 0; j < p.key_len; ++j) w[j] = static_cast<float>(scores[static_cast<size_t>(j)]);
+      }
+    }
+  }
+}
+
+}  // namespace attend::detail

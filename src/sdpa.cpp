@@ -1,0 +1,361 @@
+// sdpa.cpp: the API boundary. Validate once, normalize dtypes and layouts into SdpaParams,
+// pick the first kernel that accepts the problem (the reference last), run.
+#include "attend/sdpa.hpp"
+
+#include <omp.h>
+
+#include <cmath>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "attend/error.hpp"
+#include "attend/runtime.hpp"
+#include "checked_math.hpp"
+#include "kernels/kernel_list.hpp"
+#include "sdpa_params.hpp"
+
+namespace attend {
+namespace {
+
+using detail::kMaxBatchRank;
+using detail::OperandStrides;
+using detail::SdpaParams;
+
+std::string describe(const char* name, const TensorView& t) {
+  return std::string(name) + " " + t.shape.str();
+}
+
+bool is_mask_dtype(DType d) { return !is_floating(d); }
+bool is_attention_float(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+}
+
+void check_view(const char* name, const TensorView& t) {
+  if (t.data == nullptr && t.shape.numel() > 0) {
+    throw Error(std::string(name) + ": data pointer is null for shape " + t.shape.str());
+  }
+  if (t.strides.rank() != t.shape.rank()) {
+    throw Error(std::string(name) + ": strides " + t.strides.str() + " do not match shape " +
+                t.shape.str());
+  }
+  for (int d = 0; d < t.rank(); ++d) {
+    if (t.shape[d] < 0) throw Error(describe(name, t) + " has a negative dimension");
+    if (t.strides[d] < 0) {
+      throw Error(std::string(name) + ": negative stride " + std::to_string(t.strides[d]) +
+                  " in dimension " + std::to_string(d) + " is not supported");
+    }
+  }
+  (void)t.shape.numel();  // throws on overflow
+}
+
+// Byte range [first, last) that a view can touch; empty views touch nothing.
+struct ByteRange {
+  const char* first = nullptr;
+  const char* last = nullptr;
+};
+ByteRange byte_range(const TensorView& t) {
+  if (t.numel() == 0) return {};
+  int64_t last_offset = 0;
+  for (int d = 0; d < t.rank(); ++d) last_offset += (t.shape[d] - 1) * t.strides[d];
+  const auto* first = static_cast<const char*>(t.data);
+  const auto size = static_cast<int64_t>(dtype_size(t.dtype));
+  return {first, first + last_offset * size + size};
+}
+bool overlaps(const TensorView& a, const TensorView& b) {
+  const ByteRange ra = byte_range(a), rb = byte_range(b);
+  return ra.first && rb.first && ra.first < rb.last && rb.first < ra.last;
+}
+
+// Strides (elements) of a view broadcast to (batch..., rows, columns); `target` is that shape.
+OperandStrides broadcast_strides(const char* name, const TensorView& t, const Shape& target) {
+  if (t.rank() > target.rank()) {
+    throw Error(describe(name, t) + " has more dimensions than the scores " + target.str());
+  }
+  Shape aligned;  // per target dim: the view's stride, 0 where it broadcasts
+  for (int d = 0; d < target.rank(); ++d) {
+    const int source = d - (target.rank() - t.rank());
+    if (source < 0) {
+      aligned.push_back(0);
+      continue;
+    }
+    if (t.shape[source] == target[d]) {
+      aligned.push_back(target[d] == 1 ? 0 : t.strides[source]);
+    } else if (t.shape[source] == 1) {
+      aligned.push_back(0);
+    } else {
+      throw Error(describe(name, t) + " does not broadcast to the scores " + target.str() +
+                  " (dimension " + std::to_string(source) + ")");
+    }
+  }
+  OperandStrides s;
+  const int batch_rank = target.rank() - 2;
+  for (int d = 0; d < batch_rank; ++d) s.batch[kMaxBatchRank - batch_rank + d] = aligned[d];
+  s.row = aligned[batch_rank];
+  s.column = aligned[batch_rank + 1];
+  return s;
+}
+
+// Strides of a (batch..., rows, columns) view whose column stride is 1.
+OperandStrides plain_strides(const TensorView& t) {
+  OperandStrides s;
+  const int batch_rank = t.rank() - 2;
+  for (int d = 0; d < batch_rank; ++d) {
+    s.batch[kMaxBatchRank - batch_rank + d] = t.shape[d] == 1 ? 0 : t.strides[d];
+  }
+  s.row = t.strides[batch_rank];
+  s.column = 1;
+  return s;
+}
+
+// A float32 view with a contiguous last dimension: the view itself when it already is one,
+// otherwise a converted copy kept alive in `storage`.
+TensorView as_kernel_float(const TensorView& t, std::optional<Tensor>& storage) {
+  if (t.dtype == DType::kFloat32 && (t.strides.back(0) == 1 || t.shape.back(0) <= 1)) {
+    TensorView v = t;
+    v.strides[v.rank() - 1] = 1;
+    return v;
+  }
+  storage.emplace(DType::kFloat32, t.shape);
+  convert(t, storage->view());
+  return storage->view();
+}
+
+struct Problem {
+  Shape scores_shape;  // (batch..., Lq, Lk)
+  Shape output_shape;  // (batch..., Lq, Ev)
+};
+
+Problem validate_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const AttentionOptions& options) {
+  check_view("query", q);
+  check_view("key", k);
+  check_view("value", v);
+  for (auto [name, t] : {std::pair{"query", &q}, std::pair{"key", &k}, std::pair{"value", &v}}) {
+    if (t->rank() < 2 || t->rank() > 2 + kMaxBatchRank) {
+      throw Error(describe(name, *t) + ": expected (..., length, dim) with 0 to " +
+                  std::to_string(kMaxBatchRank) + " batch dimensions");
+    }
+    if (!is_attention_float(t->dtype)) {
+      throw Error(std::string(name) + ": dtype " + dtype_name(t->dtype) +
+                  " is not supported (float32, float16 or bfloat16)");
+    }
+  }
+  if (k.dtype != q.dtype || v.dtype != q.dtype) {
+    throw Error(std::string("query, key and value must share one dtype, got ") +
+                dtype_name(q.dtype) + ", " + dtype_name(k.dtype) + ", " + dtype_name(v.dtype));
+  }
+  if (k.rank() != q.rank() || v.rank() != q.rank()) {
+    throw Error("query, key and value must have the same number of dimensions: " +
+                describe("query", q) + ", " + describe("key", k) + ", " + describe("value", v));
+  }
+  const int batch_rank = q.rank() - 2;
+  for (int d = 0; d < batch_rank; ++d) {
+    if (k.shape[d] != q.shape[d] || v.shape[d] != q.shape[d]) {
+      throw Error("batch dimension " + std::to_string(d) + " differs: " + describe("query", q) +
+                  ", " + describe("key", k) + ", " + describe("value", v));
+    }
+  }
+  if (k.shape.back(0) != q.shape.back(0)) {
+    throw Error(describe("key", k) + " does not match " + describe("query", q) +
+                " in the last dimension (E)");
+  }
+  if (v.shape.back(1) != k.shape.back(1)) {
+    throw Error(describe("value", v) + " does not match " + describe("key", k) +
+                " in the key length (Lk)");
+  }
+  if (q.shape.back(0) == 0) throw Error(describe("query", q) + ": head dimension E is 0");
+  if (k.shape.back(1) == 0) {
+    throw Error(describe("key", k) + ": key length Lk is 0, softmax over no keys is undefined");
+  }
+
+  Problem problem;
+  for (int d = 0; d < batch_rank; ++d) problem.scores_shape.push_back(q.shape[d]);
+  problem.output_shape = problem.scores_shape;
+  problem.scores_shape.push_back(q.shape.back(1));
+  problem.scores_shape.push_back(k.shape.back(1));
+  problem.output_shape.push_back(q.shape.back(1));
+  problem.output_shape.push_back(v.shape.back(0));
+  (void)problem.scores_shape.numel();
+
+  if (options.mask) {
+    check_view("mask", *options.mask);
+    if (!is_mask_dtype(options.mask->dtype)) {
+      throw Error(std::string("mask: dtype ") + dtype_name(options.mask->dtype) +
+                  " is floating point; a mask must be bool or integer (zero excludes). For an "
+                  "additive float mask (0 keeps, -inf drops) pass it as the bias instead");
+    }
+    (void)broadcast_strides("mask", *options.mask, problem.scores_shape);
+  }
+  if (options.bias) {
+    check_view("bias", *options.bias);
+    if (!is_attention_float(options.bias->dtype)) {
+      throw Error(std::string("bias: dtype ") + dtype_name(options.bias->dtype) +
+                  " is not supported (float32, float16 or bfloat16)");
+    }
+    (void)broadcast_strides("bias", *options.bias, problem.scores_shape);
+  }
+  if (options.scale && !std::isfinite(*options.scale)) {
+    throw Error("scale must be finite, got " + std::to_string(*options.scale));
+  }
+  if (!(options.dropout >= 0.0 && options.dropout < 1.0)) {
+    throw Error("dropout must be in [0, 1), got " + std::to_string(options.dropout));
+  }
+  if (options.num_threads < 0) {
+    throw Error("num_threads must be >= 0 (0 = default), got " +
+                std::to_string(options.num_threads));
+  }
+  return problem;
+}
+
+void check_output(const char* name, const TensorView& out, const Shape& expected, DType dtype,
+                  const TensorView& q, const TensorView& k, const TensorView& v,
+                  const AttentionOptions& options) {
+  check_view(name, out);
+  if (out.shape != expected) {
+    throw Error(describe(name, out) + " does not match the expected shape " + expected.str());
+  }
+  if (out.dtype != dtype) {
+    throw Error(std::string(name) + ": dtype " + dtype_name(out.dtype) + " should be " +
+                dtype_name(dtype));
+  }
+  // Every element of an output must be written once: no zero strides, and no aliasing.
+  for (int d = 0; d < out.rank(); ++d) {
+    if (out.strides[d] == 0 && out.shape[d] > 1) {
+      throw Error(std::string(name) + ": zero stride in dimension " + std::to_string(d) +
+                  " would write several results to one element");
+    }
+  }
+  for (auto [input_name, input] : {std::pair{"query", &q}, std::pair{"key", &k},
+                                   std::pair{"value", &v}}) {
+    if (overlaps(out, *input)) {
+      throw Error(std::string(name) + " overlaps the memory of " + input_name);
+    }
+  }
+  if (options.mask && overlaps(out, *options.mask)) {
+    throw Error(std::string(name) + " overlaps the memory of mask");
+  }
+  if (options.bias && overlaps(out, *options.bias)) {
+    throw Error(std::string(name) + " overlaps the memory of bias");
+  }
+}
+
+void run(const TensorView& query, const TensorView& key, const TensorView& value,
+         const Problem& problem, const TensorView& output, const TensorView* weights,
+         const AttentionOptions& options) {
+  const int batch_rank = query.rank() - 2;
+  std::optional<Tensor> q_copy, k_copy, v_copy, bias_copy, mask_copy, output_copy;
+  const TensorView q = as_kernel_float(query, q_copy);
+  const TensorView k = as_kernel_float(key, k_copy);
+  const TensorView v = as_kernel_float(value, v_copy);
+
+  SdpaParams p;
+  for (int d = 0; d < batch_rank; ++d) p.batch_shape[kMaxBatchRank - batch_rank + d] = q.shape[d];
+  p.batch = 1;
+  for (int64_t d : p.batch_shape) p.batch *= d;
+  p.query_len = q.shape.back(1);
+  p.key_len = k.shape.back(1);
+  p.head_dim = q.shape.back(0);
+  p.value_dim = v.shape.back(0);
+  p.query = q.data_as<const float>();
+  p.query_strides = plain_strides(q);
+  p.key = k.data_as<const float>();
+  p.key_strides = plain_strides(k);
+  p.value = v.data_as<const float>();
+  p.value_strides = plain_strides(v);
+
+  if (options.mask) {
+    TensorView m = *options.mask;
+    if (dtype_size(m.dtype) != 1) {
+      mask_copy.emplace(DType::kUInt8, m.shape);
+      convert(m, mask_copy->view());
+      m = mask_copy->view();
+    }
+    p.mask = m.data_as<const uint8_t>();
+    p.mask_strides = broadcast_strides("mask", m, problem.scores_shape);
+  }
+  if (options.bias) {
+    TensorView b = *options.bias;
+    if (b.dtype != DType::kFloat32) {
+      bias_copy.emplace(DType::kFloat32, b.shape);
+      convert(b, bias_copy->view());
+      b = bias_copy->view();
+    }
+    p.bias = b.data_as<const float>();
+    p.bias_strides = broadcast_strides("bias", b, problem.scores_shape);
+  }
+
+  TensorView out = as_kernel_float(output, output_copy);
+  p.output = out.data_as<float>();
+  p.output_strides = plain_strides(out);
+  std::optional<Tensor> weights_copy;
+  if (weights) {
+    TensorView w = *weights;
+    if (w.strides.back(0) != 1 && w.shape.back(0) > 1) {
+      weights_copy.emplace(DType::kFloat32, w.shape);
+      w = weights_copy->view();
+    }
+    p.weights = w.data_as<float>();
+    p.weights_strides = plain_strides(w);
+  }
+
+  p.causal = options.causal;
+  p.scale = static_cast<float>(options.scale ? *options.scale
+                                             : 1.0 / std::sqrt(static_cast<double>(p.head_dim)));
+  p.zero_fully_masked_rows = options.fully_masked_rows == FullyMaskedRows::kZero;
+  p.dropout = static_cast<float>(options.dropout);
+  p.seed = options.seed;
+  p.num_threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
+
+  if (p.batch * p.query_len > 0) detail::run_kernel(p, options.backend);
+
+  if (output_copy) convert(out, output);
+  if (weights_copy) convert(weights_copy->view(), *weights);
+}
+
+}  // namespace
+
+AttentionResult scaled_dot_product_attention(const TensorView& query, const TensorView& key,
+                                             const TensorView& value,
+                                             const AttentionOptions& options) {
+  const Problem problem = validate_inputs(query, key, value, options);
+  AttentionResult result;
+  if (options.need_weights) {
+    const uint64_t bytes = static_cast<uint64_t>(problem.scores_shape.numel()) * sizeof(float);
+    if (bytes > options.max_weights_bytes) {
+      throw Error("weights " + problem.scores_shape.str() + " would take " +
+                  std::to_string(bytes) + " bytes, over the limit of " +
+                  std::to_string(options.max_weights_bytes) + " (max_weights_bytes)");
+    }
+    result.weights = Tensor(DType::kFloat32, problem.scores_shape);
+  }
+  result.output = Tensor(query.dtype, problem.output_shape);
+  const TensorView weights_view = result.weights.view();
+  run(query, key, value, problem, result.output.view(),
+      options.need_weights ? &weights_view : nullptr, options);
+  return result;
+}
+
+void scaled_dot_product_attention_into(const TensorView& query, const TensorView& key,
+                                       const TensorView& value, const TensorView& output,
+                                       const TensorView* weights,
+                                       const AttentionOptions& options) {
+  const Problem problem = validate_inputs(query, key, value, options);
+  check_output("output", output, problem.output_shape, query.dtype, query, key, value, options);
+  if (weights) {
+    check_output("weights", *weights, problem.scores_shape, DType::kFloat32, query, key, value,
+                 options);
+    if (overlaps(*weights, output)) throw Error("weights overlaps the memory of output");
+  }
+  run(query, key, value, problem, output, weights, options);
+}
+
+double attention_flops(int64_t batch, int64_t query_len, int64_t key_len, int64_t head_dim,
+                       int64_t value_dim, bool causal) {
+  const double pairs = static_cast<double>(batch) * static_cast<double>(query_len) *
+                       static_cast<double>(key_len);
+  const double flops = 2.0 * pairs * static_cast<double>(head_dim + value_dim);
+  return causal ? flops / 2 : flops;
+}
+
+}  // namespace attend

@@ -1,0 +1,77 @@
+// sdpa_params.hpp: the one plain struct every attention kernel reads, filled and validated
+// once by src/sdpa.cpp (after the model of flash-attention's flash.h).
+//
+// All tensors are float32 (mask: one byte per entry, nonzero keeps) with the last
+// dimension of query, key, value, output and weights contiguous (stride 1). Every other
+// stride is in elements and may be anything, including 0 for broadcast mask and bias.
+// The batch is up to kMaxBatchRank leading dimensions; batch index b in [0, batch) is
+// decomposed row-major over batch_shape (padded in front with 1s).
+#pragma once
+
+#include <cstdint>
+
+namespace attend::detail {
+
+inline constexpr int kMaxBatchRank = 4;
+
+// Strides of one (batch..., rows, columns) operand. columns stride is 1 except for mask and
+// bias, which may broadcast along any dimension.
+struct OperandStrides {
+  int64_t batch[kMaxBatchRank] = {0, 0, 0, 0};
+  int64_t row = 0;
+  int64_t column = 1;
+};
+
+struct SdpaParams {
+  // Sizes.
+  int64_t batch_shape[kMaxBatchRank] = {1, 1, 1, 1};
+  int64_t batch = 1;      // product of batch_shape
+  int64_t query_len = 0;  // Lq
+  int64_t key_len = 0;    // Lk ≥ 1
+  int64_t head_dim = 0;   // E ≥ 1
+  int64_t value_dim = 0;  // Ev ≥ 1
+
+  // query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev): read only.
+  const float* query = nullptr;
+  OperandStrides query_strides;
+  const float* key = nullptr;
+  OperandStrides key_strides;
+  const float* value = nullptr;
+  OperandStrides value_strides;
+
+  // output (..., Lq, Ev): written. weights (..., Lq, Lk): written when not null.
+  float* output = nullptr;
+  OperandStrides output_strides;
+  float* weights = nullptr;
+  OperandStrides weights_strides;
+
+  // Optional mask (nonzero keeps) and bias, broadcast to (..., Lq, Lk) through strides.
+  const uint8_t* mask = nullptr;
+  OperandStrides mask_strides;
+  const float* bias = nullptr;
+  OperandStrides bias_strides;
+
+  bool causal = false;         // key j visible to query i iff j <= i + (Lk - Lq)
+  float scale = 1.0f;          // multiplies Q·Kᵀ
+  bool zero_fully_masked_rows = false;
+  float dropout = 0.0f;        // p in [0, 1)
+  uint64_t seed = 0;
+  int num_threads = 1;         // ≥ 1, already resolved
+
+  // Offset (elements) of batch index b in an operand with the given strides.
+  int64_t batch_offset(const OperandStrides& strides, int64_t b) const {
+    int64_t offset = 0;
+    for (int d = kMaxBatchRank - 1; d >= 0; --d) {
+      const int64_t index = b % batch_shape[d];
+      b /= batch_shape[d];
+      offset += index * strides.batch[d];
+    }
+    return offset;
+  }
+  // Last key index query i may see under causality (inclusive); may be negative.
+  int64_t causal_last_key(int64_t query_index) const {
+    return query_index + (key_len - query_len);
+  }
+};
+
+}  // namespace attend::detail

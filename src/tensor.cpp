@@ -1,0 +1,285 @@
+// tensor.cpp: Shape, TensorView, Tensor and dtype conversion.
+#include "attend/tensor.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "attend/error.hpp"
+#include "half.hpp"
+#include "checked_math.hpp"
+
+namespace attend {
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64:
+    case DType::kInt64:
+    case DType::kUInt64:
+      return 8;
+    case DType::kFloat32:
+    case DType::kInt32:
+    case DType::kUInt32:
+      return 4;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kInt16:
+    case DType::kUInt16:
+      return 2;
+    case DType::kBool:
+    case DType::kInt8:
+    case DType::kUInt8:
+      return 1;
+  }
+  return 1;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat64: return "float64";
+    case DType::kBool: return "bool";
+    case DType::kInt8: return "int8";
+    case DType::kInt16: return "int16";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
+    case DType::kUInt16: return "uint16";
+    case DType::kUInt32: return "uint32";
+    case DType::kUInt64: return "uint64";
+  }
+  return "unknown";
+}
+
+bool is_floating(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16 ||
+         dtype == DType::kFloat64;
+}
+
+// ---------------------------------------------------------------------------------------
+// Shape
+
+Shape::Shape(std::initializer_list<int64_t> dims) {
+  for (int64_t d : dims) push_back(d);
+}
+
+Shape Shape::from(const int64_t* dims, int rank) {
+  Shape shape;
+  for (int i = 0; i < rank; ++i) shape.push_back(dims[i]);
+  return shape;
+}
+
+void Shape::push_back(int64_t d) {
+  if (rank_ >= kMaxRank) {
+    throw Error("shape: rank " + std::to_string(rank_ + 1) + " exceeds the maximum of " +
+                std::to_string(kMaxRank));
+  }
+  dims_[static_cast<size_t>(rank_++)] = d;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank_; ++i) {
+    const int64_t d = dims_[static_cast<size_t>(i)];
+    if (d < 0) throw Error("shape " + str() + " has a negative dimension");
+    if (__builtin_mul_overflow(n, d, &n)) throw Error("element count of shape " + str() + " overflows");
+  }
+  return n;
+}
+
+bool Shape::operator==(const Shape& other) const {
+  if (rank_ != other.rank_) return false;
+  for (int i = 0; i < rank_; ++i) {
+    if ((*this)[i] != other[i]) return false;
+  }
+  return true;
+}
+
+std::string Shape::str() const {
+  std::string s = "(";
+  for (int i = 0; i < rank_; ++i) {
+    if (i) s += ", ";
+    s += std::to_string((*this)[i]);
+  }
+  if (rank_ == 1) s += ",";
+  return s + ")";
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides = shape;
+  int64_t stride = 1;
+  for (int i = shape.rank() - 1; i >= 0; --i) {
+    strides[i] = stride;
+    stride *= shape[i] > 0 ? shape[i] : 1;
+  }
+  return strides;
+}
+
+// ---------------------------------------------------------------------------------------
+// TensorView
+
+TensorView::TensorView(void* data, DType dtype, const Shape& shape)
+    : data(data), dtype(dtype), shape(shape), strides(contiguous_strides(shape)) {}
+
+TensorView::TensorView(void* data, DType dtype, const Shape& shape, const Shape& strides)
+    : data(data), dtype(dtype), shape(shape), strides(strides) {
+  if (strides.rank() != shape.rank()) {
+    throw Error("tensor view: strides " + strides.str() + " do not match the rank of shape " +
+                shape.str());
+  }
+}
+
+TensorView::TensorView(float* data, const Shape& shape)
+    : TensorView(static_cast<void*>(data), DType::kFloat32, shape) {}
+
+TensorView::TensorView(const float* data, const Shape& shape)
+    : TensorView(const_cast<float*>(data), shape) {}
+
+bool TensorView::is_contiguous() const { return strides == contiguous_strides(shape); }
+
+// ---------------------------------------------------------------------------------------
+// Tensor
+
+namespace {
+constexpr size_t kAlignment = 64;
+
+void* allocate_aligned(size_t nbytes, const Shape& shape, DType dtype) {
+  if (nbytes == 0) return nullptr;
+  const size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (p == nullptr) {
+    throw Error("out of memory: cannot allocate " + std::to_string(nbytes) + " bytes for a " +
+                dtype_name(dtype) + " tensor of shape " + shape.str());
+  }
+  return p;
+}
+}  // namespace
+
+Tensor::Tensor(DType dtype, const Shape& shape) : dtype_(dtype), shape_(shape) {
+  const int64_t n = shape.numel();
+  nbytes_ = static_cast<size_t>(
+      detail::checked_mul(n, static_cast<int64_t>(dtype_size(dtype)), "tensor byte size"));
+  data_ = allocate_aligned(nbytes_, shape, dtype);
+}
+
+Tensor Tensor::zeros(DType dtype, const Shape& shape) {
+  Tensor t(dtype, shape);
+  if (t.nbytes_) std::memset(t.data_, 0, t.nbytes_);
+  return t;
+}
+
+Tensor Tensor::copy_of(const TensorView& view) {
+  Tensor t(view.dtype, view.shape);
+  convert(view, t.view());
+  return t;
+}
+
+Tensor::Tensor(Tensor&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      nbytes_(std::exchange(other.nbytes_, 0)),
+      dtype_(other.dtype_),
+      shape_(std::exchange(other.shape_, Shape{})) {}
+
+Tensor& Tensor::operator=(Tensor&& other) noexcept {
+  if (this != &other) {
+    std::free(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    nbytes_ = std::exchange(other.nbytes_, 0);
+    dtype_ = other.dtype_;
+    shape_ = std::exchange(other.shape_, Shape{});
+  }
+  return *this;
+}
+
+Tensor::~Tensor() { std::free(data_); }
+
+Tensor Tensor::clone() const {
+  Tensor t(dtype_, shape_);
+  if (nbytes_) std::memcpy(t.data_, data_, nbytes_);
+  return t;
+}
+
+TensorView Tensor::view() const { return TensorView(data_, dtype_, shape_); }
+
+// ---------------------------------------------------------------------------------------
+// convert
+
+namespace {
+
+double load_as_double(const void* p, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return *static_cast<const float*>(p);
+    case DType::kFloat16: return detail::f32_from_f16(*static_cast<const uint16_t*>(p));
+    case DType::kBFloat16: return detail::f32_from_bf16(*static_cast<const uint16_t*>(p));
+    case DType::kFloat64: return *static_cast<const double*>(p);
+    case DType::kBool: return *static_cast<const uint8_t*>(p) != 0 ? 1.0 : 0.0;
+    case DType::kInt8: return *static_cast<const int8_t*>(p);
+    case DType::kInt16: return *static_cast<const int16_t*>(p);
+    case DType::kInt32: return *static_cast<const int32_t*>(p);
+    case DType::kInt64: return static_cast<double>(*static_cast<const int64_t*>(p));
+    case DType::kUInt8: return *static_cast<const uint8_t*>(p);
+    case DType::kUInt16: return *static_cast<const uint16_t*>(p);
+    case DType::kUInt32: return *static_cast<const uint32_t*>(p);
+    case DType::kUInt64: return static_cast<double>(*static_cast<const uint64_t*>(p));
+  }
+  return 0;
+}
+
+void store_from_double(void* p, DType dtype, double value) {
+  switch (dtype) {
+    case DType::kFloat32: *static_cast<float*>(p) = static_cast<float>(value); return;
+    case DType::kFloat16:
+      *static_cast<uint16_t*>(p) = detail::f16_from_f32(static_cast<float>(value));
+      return;
+    case DType::kBFloat16:
+      *static_cast<uint16_t*>(p) = detail::bf16_from_f32(static_cast<float>(value));
+      return;
+    case DType::kFloat64: *static_cast<double*>(p) = value; return;
+    case DType::kBool: *static_cast<uint8_t*>(p) = value != 0; return;
+    case DType::kInt8: *static_cast<int8_t*>(p) = static_cast<int8_t>(value); return;
+    case DType::kInt16: *static_cast<int16_t*>(p) = static_cast<int16_t>(value); return;
+    case DType::kInt32: *static_cast<int32_t*>(p) = static_cast<int32_t>(value); return;
+    case DType::kInt64: *static_cast<int64_t*>(p) = static_cast<int64_t>(value); return;
+    case DType::kUInt8: *static_cast<uint8_t*>(p) = static_cast<uint8_t>(value); return;
+    case DType::kUInt16: *static_cast<uint16_t*>(p) = static_cast<uint16_t>(value); return;
+    case DType::kUInt32: *static_cast<uint32_t*>(p) = static_cast<uint32_t>(value); return;
+    case DType::kUInt64: *static_cast<uint64_t*>(p) = static_cast<uint64_t>(value); return;
+  }
+}
+
+}  // namespace
+
+void convert(const TensorView& from, const TensorView& to) {
+  if (from.shape != to.shape) {
+    throw Error("convert: shape " + from.shape.str() + " does not match " + to.shape.str());
+  }
+  const int64_t n = from.numel();
+  if (n == 0) return;
+  const int rank = from.rank();
+  const size_t from_size = dtype_size(from.dtype), to_size = dtype_size(to.dtype);
+  const bool same_plain_copy = from.dtype == to.dtype;
+  int64_t index[Shape::kMaxRank] = {};
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t from_offset = 0, to_offset = 0;
+    for (int d = 0; d < rank; ++d) {
+      from_offset += index[d] * from.strides[d];
+      to_offset += index[d] * to.strides[d];
+    }
+    const char* src = static_cast<const char*>(from.data) + from_offset * static_cast<int64_t>(from_size);
+    char* dst = static_cast<char*>(to.data) + to_offset * static_cast<int64_t>(to_size);
+    if (same_plain_copy) {
+      std::memcpy(dst, src, from_size);
+    } else {
+      store_from_double(dst, to.dtype, load_as_double(src, from.dtype));
+    }
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++index[d] < from.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+}  // namespace attend

@@ -1,0 +1,52 @@
+#include "attend/tensor.hpp"
+
+#include <gtest/gtest.h>
+
+#include "attend/error.hpp"
+#include "half.hpp"
+
+namespace attend {
+namespace {
+
+TEST(Shape, StrAndNumel) {
+  EXPECT_EQ(Shape({2, 5, 64}).str(), "(2, 5, 64)");
+  EXPECT_EQ(Shape({7}).str(), "(7,)");
+  EXPECT_EQ(Shape({2, 5, 64}).numel(), 640);
+  EXPECT_EQ(Shape{}.numel(), 1);
+  EXPECT_THROW((void)Shape({int64_t{1} << 40, int64_t{1} << 40}).numel(), Error);
+  EXPECT_THROW((void)Shape({3, -1}).numel(), Error);
+}
+
+TEST(Tensor, AllocationOverflowIsAnError) {
+  EXPECT_THROW(Tensor(DType::kFloat32, Shape({int64_t{1} << 62})), Error);
+}
+
+TEST(Tensor, ConvertHonoursStrides) {
+  // A (2, 3) float32 tensor read transposed as (3, 2) and converted to float16 and back.
+  Tensor t(DType::kFloat32, Shape({2, 3}));
+  for (int i = 0; i < 6; ++i) t.data_as<float>()[i] = static_cast<float>(i) + 0.5f;
+  TensorView transposed(t.data(), DType::kFloat32, Shape({3, 2}), Shape({1, 3}));
+  Tensor half = Tensor(DType::kFloat16, Shape({3, 2}));
+  convert(transposed, half.view());
+  Tensor back = Tensor(DType::kFloat32, Shape({3, 2}));
+  convert(half.view(), back.view());
+  EXPECT_EQ(back.data_as<float>()[0], 0.5f);
+  EXPECT_EQ(back.data_as<float>()[1], 3.5f);
+  EXPECT_EQ(back.data_as<float>()[5], 5.5f);
+}
+
+TEST(Half, RoundTripsAndRoundsToNearestEven) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const auto bits = static_cast<uint16_t>(h);
+    const float f = detail::f32_from_f16(bits);
+    if (f != f) continue;  // NaN payloads are not preserved bit for bit
+    ASSERT_EQ(detail::f16_from_f32(f), bits) << "half bits " << h;
+  }
+  EXPECT_EQ(detail::f16_from_f32(1.0f + 1.0f / 2048), 0x3C00);  // tie rounds to even
+  EXPECT_EQ(detail::f16_from_f32(65520.0f), 0x7C00);            // rounds to infinity
+  EXPECT_EQ(detail::bf16_from_f32(1.0f), 0x3F80);
+  EXPECT_EQ(detail::f32_from_bf16(0x3F80), 1.0f);
+}
+
+}  // namespace
+}  // namespace attend
