@@ -63,30 +63,44 @@ constexpr int kValueColumns = 4;
 #endif
 constexpr float kLog2e = 1.4426950408889634f;
 
-// 2^x for x <= 0 (and NaN, which propagates). x = n + f with n = round(x), |f| <= 1/2;
-// 2^f by its degree-7 Taylor polynomial in f·ln2 (relative error < 1e-8 before rounding),
-// 2^n by building the exponent bits. Below -126 the result is flushed to 0 (the weights
-// there are < 1e-38 of the largest one).
+// 2^f for |f| <= 1/2: degree-6 Taylor polynomial of e^(f·ln2); the first omitted term is
+// below 1.2e-7, i.e. a relative error under 1.7e-7 (about 3 float ulps).
+HWY_INLINE VF Exp2Fraction(DF d, VF f) {
+  VF poly = hn::Set(d, 1.5403530393381606e-4f);                 // ln2^6 / 720
+  poly = hn::MulAdd(poly, f, hn::Set(d, 1.3333558146428443e-3f));  // ln2^5 / 120
+  poly = hn::MulAdd(poly, f, hn::Set(d, 9.6181291076284772e-3f));  // ln2^4 / 24
+  poly = hn::MulAdd(poly, f, hn::Set(d, 5.5504108664821580e-2f));  // ln2^3 / 6
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.24022650695910071f));    // ln2^2 / 2
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.69314718055994531f));    // ln2
+  return hn::MulAdd(poly, f, hn::Set(d, 1.0f));
+}
+
+// 2^x for x <= 0 (NaN propagates): x = n + f with n = round(x), 2^x = 2^f · 2^n. Results
+// below 2^-126 are flushed to 0 (such weights are < 1e-38 of the row's largest), which also
+// keeps the kernel free of denormal slow paths; -1e9 (excluded) gives exactly 0.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// AVX-512: vreduceps gives f = x − round(x) in one instruction and vscalefps multiplies by
+// 2^n with the exponent range handled in hardware.
 HWY_INLINE VF Exp2(DF d, VF x) {
-  const hn::RebindToSigned<DF> di;
-  const auto n = hn::NearestInt(x);
-  const VF f = hn::Sub(x, hn::ConvertTo(d, n));
-  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f,
-                  c3 = 0.0555041086648216f, c4 = 0.0096181291076285f,
-                  c5 = 0.0013333558146428f, c6 = 0.0001540353039338f,
-                  c7 = 0.0000152527338040f;
-  VF poly = hn::Set(d, c7);
-  poly = hn::MulAdd(poly, f, hn::Set(d, c6));
-  poly = hn::MulAdd(poly, f, hn::Set(d, c5));
-  poly = hn::MulAdd(poly, f, hn::Set(d, c4));
-  poly = hn::MulAdd(poly, f, hn::Set(d, c3));
-  poly = hn::MulAdd(poly, f, hn::Set(d, c2));
-  poly = hn::MulAdd(poly, f, hn::Set(d, c1));
-  poly = hn::MulAdd(poly, f, hn::Set(d, 1.0f));
-  const auto exponent_bits = hn::ShiftLeft<23>(hn::Add(n, hn::Set(di, 127)));
-  const VF result = hn::Mul(poly, hn::BitCast(d, exponent_bits));
+  const VF f{_mm512_reduce_ps(x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  const VF result{_mm512_scalef_ps(Exp2Fraction(d, f).raw, hn::Sub(x, f).raw)};
   return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), result);
 }
+#else
+// Portable: adding 1.5·2^23 rounds x to an integer n held in the low mantissa bits; with
+// 127 added as well, shifting those bits into the exponent field builds 2^n.
+HWY_INLINE VF Exp2(DF d, VF x) {
+  const hn::RebindToSigned<DF> di;
+  const VF magic = hn::Set(d, 12582912.0f + 127.0f);
+  const VF clamped = hn::Max(x, hn::Set(d, -127.0f));  // keeps n + 127 >= 0
+  const VF shifted = hn::Add(clamped, magic);
+  const VF f = hn::Sub(clamped, hn::Sub(shifted, magic));
+  const VF two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, shifted)));
+  const VF result = hn::Mul(Exp2Fraction(d, f), two_to_n);
+  // NaN compares false and survives: Max above may have replaced it, so restore it.
+  return hn::IfThenElse(hn::Eq(x, x), hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), result), x);
+}
+#endif
 
 // Per-thread scratch, allocated once per call and thread (never in the tile loops).
 struct Workspace {
@@ -456,46 +470,280 @@ class TileAttention {
   Workspace& ws_;
 };
 
-template <int QV>
-void RunAllTiles(const SdpaParams& p) {
-  constexpr int64_t tq = QV * kLanes;
-  const int64_t tiles_per_batch = (p.query_len + tq - 1) / tq;
-  const int64_t items = p.batch * tiles_per_batch;
+// ---------------------------------------------------------------------------------------
+// Few queries (decoding, short phrases): a query tile would leave most lanes empty, so the
+// lanes run along E and Ev instead, one query row at a time.
+//
+// Per row i:  s_j = (q_i·k_j)·scale·log2 e (+ bias), excluded → -1e9·log2 e, for the
+// visible keys j < key_end (one row of Lk scores, per thread);  m = max_j s_j;
+// p_j = 2^(s_j − m);  l = Σ p_j;  output = Σ_j p_j·keep_j·v_j / l / (1 − p).
+
+struct RowWorkspace {
+  hwy::AlignedFreeUniquePtr<float[]> scores;  // [Lk rounded up to lanes]
+  hwy::AlignedFreeUniquePtr<float[]> out;     // [Ev rounded up to lanes]
+  explicit RowWorkspace(const SdpaParams& p) {
+    scores = hwy::AllocateAligned<float>(
+        hwy::RoundUpTo(static_cast<size_t>(p.key_len), static_cast<size_t>(kLanes)));
+    out = hwy::AllocateAligned<float>(static_cast<size_t>(hwy::RoundUpTo(
+        static_cast<size_t>(std::max<int64_t>(p.value_dim, 1)), static_cast<size_t>(kLanes))));
+  }
+  bool ok() const { return scores && out; }
+};
+
+// Σ_e a[e]·b[e] for four rows b0..b3 at once (lanes along e, scalar tail).
+HWY_INLINE void Dot4(const float* HWY_RESTRICT a, const float* b0, const float* b1,
+                     const float* b2, const float* b3, int64_t n, float* HWY_RESTRICT out) {
+  const DF d;
+  VF acc0 = hn::Zero(d), acc1 = hn::Zero(d), acc2 = hn::Zero(d), acc3 = hn::Zero(d);
+  int64_t e = 0;
+  for (; e + kLanes <= n; e += kLanes) {
+    const VF av = hn::LoadU(d, a + e);
+    acc0 = hn::MulAdd(av, hn::LoadU(d, b0 + e), acc0);
+    acc1 = hn::MulAdd(av, hn::LoadU(d, b1 + e), acc1);
+    acc2 = hn::MulAdd(av, hn::LoadU(d, b2 + e), acc2);
+    acc3 = hn::MulAdd(av, hn::LoadU(d, b3 + e), acc3);
+  }
+  float s0 = hn::GetLane(hn::SumOfLanes(d, acc0)), s1 = hn::GetLane(hn::SumOfLanes(d, acc1));
+  float s2 = hn::GetLane(hn::SumOfLanes(d, acc2)), s3 = hn::GetLane(hn::SumOfLanes(d, acc3));
+  for (; e < n; ++e) {
+    s0 += a[e] * b0[e];
+    s1 += a[e] * b1[e];
+    s2 += a[e] * b2[e];
+    s3 += a[e] * b3[e];
+  }
+  out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
+// out[c] = alpha·out[c] + Σ_j prob[j]·V[j][c] over Ev columns (lanes along c, scalar tail).
+HWY_INLINE void AccumulateRow(const float* HWY_RESTRICT prob, const float* value,
+                              int64_t value_stride, int64_t keys, int64_t value_dim,
+                              float* HWY_RESTRICT out) {
+  const DF d;
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= value_dim; c += 2 * kLanes) {
+    VF acc0 = hn::Load(d, out + c), acc1 = hn::Load(d, out + c + kLanes);
+    for (int64_t j = 0; j < keys; ++j) {
+      const VF pj = hn::Set(d, prob[j]);
+      const float* v = value + j * value_stride + c;
+      acc0 = hn::MulAdd(pj, hn::LoadU(d, v), acc0);
+      acc1 = hn::MulAdd(pj, hn::LoadU(d, v + kLanes), acc1);
+    }
+    hn::Store(acc0, d, out + c);
+    hn::Store(acc1, d, out + c + kLanes);
+  }
+  for (; c + kLanes <= value_dim; c += kLanes) {
+    VF acc = hn::Load(d, out + c);
+    for (int64_t j = 0; j < keys; ++j) {
+      acc = hn::MulAdd(hn::Set(d, prob[j]), hn::LoadU(d, value + j * value_stride + c), acc);
+    }
+    hn::Store(acc, d, out + c);
+  }
+  for (; c < value_dim; ++c) {
+    float acc = out[c];
+    for (int64_t j = 0; j < keys; ++j) acc += prob[j] * value[j * value_stride + c];
+    out[c] = acc;
+  }
+}
+
+class RowAttention {
+ public:
+  RowAttention(const SdpaParams& p, RowWorkspace& ws) : p_(p), ws_(ws) {}
+
+  // Query row `query` of batch `b`; pointers are the batch's base pointers (as in Tile).
+  void Run(const Tile& tile) {
+    const DF d;
+    const int64_t i = tile.first_query;
+    const int64_t key_end =
+        p_.causal ? std::clamp<int64_t>(p_.causal_last_key(i) + 1, 0, p_.key_len) : p_.key_len;
+    float* scores = ws_.scores.get();
+    bool visible = false;
+
+    // 1. Scores of the causally visible keys, bias, mask.
+    const float factor = p_.scale * kLog2e;
+    const float* q = tile.query + i * p_.query_strides.row;
+    const float* key = tile.key;
+    const int64_t ks = p_.key_strides.row;
+    int64_t j = 0;
+    for (; j + 4 <= key_end; j += 4) {
+      Dot4(q, key + j * ks, key + (j + 1) * ks, key + (j + 2) * ks, key + (j + 3) * ks,
+           p_.head_dim, scores + j);
+    }
+    for (; j < key_end; ++j) {
+      float s = 0;
+      for (int64_t e = 0; e < p_.head_dim; ++e) s += q[e] * key[j * ks + e];
+      scores[j] = s;
+    }
+    const float* bias = tile.bias ? tile.bias + i * p_.bias_strides.row : nullptr;
+    const uint8_t* mask = tile.mask ? tile.mask + i * p_.mask_strides.row : nullptr;
+    // Pad to whole vectors with -inf: 2^(-inf) = 0 leaves the sum alone.
+    const int64_t padded_end = static_cast<int64_t>(
+        hwy::RoundUpTo(static_cast<size_t>(key_end), static_cast<size_t>(kLanes)));
+    std::fill(scores + key_end, scores + padded_end, -std::numeric_limits<float>::infinity());
+    VF max_v = hn::Set(d, -std::numeric_limits<float>::infinity());
+    if (bias == nullptr && mask == nullptr) {
+      const VF factor_v = hn::Set(d, factor);
+      for (j = 0; j < padded_end; j += kLanes) {
+        const VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
+        hn::Store(s, d, scores + j);
+        max_v = hn::Max(max_v, s);
+      }
+      visible = key_end > 0;
+    } else {
+      constexpr float kExcluded = kExcludedScore * kLog2e;
+      for (j = 0; j < key_end; ++j) {
+        float s = scores[j] * factor;
+        if (bias) s += bias[j * p_.bias_strides.column] * kLog2e;
+        if (mask && mask[j * p_.mask_strides.column] == 0) {
+          s = kExcluded;
+        } else {
+          visible = true;
+        }
+        scores[j] = s;
+      }
+      for (j = 0; j < padded_end; j += kLanes) max_v = hn::Max(max_v, hn::Load(d, scores + j));
+    }
+    const float row_max = hn::GetLane(hn::MaxOfLanes(d, max_v));
+
+    // 2. Probabilities 2^(s − m) and their sum (m = 0 when every score is -inf).
+    const VF safe_max = hn::Set(d, std::isinf(row_max) && row_max < 0 ? 0.0f : row_max);
+    VF sum_v = hn::Zero(d);
+    for (j = 0; j < padded_end; j += kLanes) {
+      const VF prob = Exp2(d, hn::Sub(hn::Load(d, scores + j), safe_max));
+      hn::Store(prob, d, scores + j);
+      sum_v = hn::Add(sum_v, prob);
+    }
+    const float sum = hn::GetLane(hn::SumOfLanes(d, sum_v));
+
+    // 3. Normalize (into the weights when requested), dropout, accumulate P·V.
+    const float keep_scale = 1.0f / (1.0f - p_.dropout);
+    const float inv_sum = 1.0f / sum;
+    float out_factor = keep_scale * inv_sum;
+    if (tile.weights) {
+      for (j = 0; j < key_end; ++j) scores[j] *= inv_sum * keep_scale;
+      out_factor = 1.0f;
+    }
+    if (p_.dropout > 0) {
+      const uint32_t threshold = dropout_threshold(p_.dropout);
+      for (j = 0; j < key_end; j += 4) {
+        const PhiloxWords draws = dropout_draws(p_.seed, tile.batch, i, j / 4);
+        for (int64_t w = 0; w < 4 && j + w < key_end; ++w) {
+          if (draws.word[w] < threshold) scores[j + w] = 0.0f;
+        }
+      }
+    }
+    if (tile.weights) {
+      float* w = tile.weights + i * p_.weights_strides.row;
+      std::copy_n(scores, key_end, w);
+      std::fill(w + key_end, w + p_.key_len, 0.0f);
+    }
+    float* out = ws_.out.get();
+    std::fill_n(out, p_.value_dim, 0.0f);
+    AccumulateRow(scores, tile.value, p_.value_strides.row, key_end, p_.value_dim, out);
+    float* o = tile.output + i * p_.output_strides.row;
+    int64_t c = 0;
+    for (; c + kLanes <= p_.value_dim; c += kLanes) {
+      hn::StoreU(hn::Mul(hn::Load(d, out + c), hn::Set(d, out_factor)), d, o + c);
+    }
+    for (; c < p_.value_dim; ++c) o[c] = out[c] * out_factor;
+
+    if (!visible && (p_.mask != nullptr || p_.causal)) FixFullyExcludedRow(tile);
+  }
+
+ private:
+  // Zeros, or the listing's uniform weights 1/Lk over all keys (then dropout).
+  void FixFullyExcludedRow(const Tile& tile) {
+    const int64_t i = tile.first_query;
+    float* o = tile.output + i * p_.output_strides.row;
+    float* w = tile.weights ? tile.weights + i * p_.weights_strides.row : nullptr;
+    std::fill_n(o, p_.value_dim, 0.0f);
+    if (p_.zero_fully_masked_rows) {
+      if (w) std::fill_n(w, p_.key_len, 0.0f);
+      return;
+    }
+    const uint32_t threshold = dropout_threshold(p_.dropout);
+    const float uniform = 1.0f / static_cast<float>(p_.key_len);
+    const float kept = static_cast<float>(uniform / (1.0 - static_cast<double>(p_.dropout)));
+    for (int64_t j = 0; j < p_.key_len; ++j) {
+      float weight = uniform;
+      if (p_.dropout > 0) {
+        weight = dropout_keep(p_.seed, threshold, tile.batch, i, j) ? kept : 0.0f;
+      }
+      if (w) w[j] = weight;
+      const float* v = tile.value + j * p_.value_strides.row;
+      for (int64_t c = 0; c < p_.value_dim; ++c) o[c] += weight * v[c];
+    }
+  }
+
+  const SdpaParams& p_;
+  RowWorkspace& ws_;
+};
+
+// The operands of batch b, query tile starting at q0 with `rows` rows.
+Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
+  Tile tile;
+  tile.batch = b;
+  tile.first_query = q0;
+  tile.rows = rows;
+  tile.query = p.query + p.batch_offset(p.query_strides, b);
+  tile.key = p.key + p.batch_offset(p.key_strides, b);
+  tile.value = p.value + p.batch_offset(p.value_strides, b);
+  tile.output = p.output + p.batch_offset(p.output_strides, b);
+  tile.weights = p.weights ? p.weights + p.batch_offset(p.weights_strides, b) : nullptr;
+  tile.mask = p.mask ? p.mask + p.batch_offset(p.mask_strides, b) : nullptr;
+  tile.bias = p.bias ? p.bias + p.batch_offset(p.bias_strides, b) : nullptr;
+  return tile;
+}
+
+// Runs items [0, items) on p.num_threads threads, each with its own workspace; inline when
+// one thread suffices. Each item is computed by one thread with the same instruction
+// sequence whatever the thread count, so results are bitwise independent of it.
+template <class Workspace_, class Body>
+void ParallelItems(const SdpaParams& p, int64_t items, const Body& body) {
+  const int threads = static_cast<int>(std::min<int64_t>(p.num_threads, items));
+  if (threads <= 1) {
+    Workspace_ ws(p);
+    if (!ws.ok()) throw Error("fused attention: out of memory for the work buffers");
+    for (int64_t item = 0; item < items; ++item) body(ws, item);
+    return;
+  }
   bool allocation_failed = false;
-#pragma omp parallel num_threads(p.num_threads)
+#pragma omp parallel num_threads(threads)
   {
-    Workspace ws(p);
+    Workspace_ ws(p);
     if (!ws.ok()) {
 #pragma omp atomic write
       allocation_failed = true;
     }
-    TileAttention<QV> attention(p, ws);
-    // Each item is computed by one thread with the same instruction sequence whatever the
-    // thread count, so results are bitwise independent of it.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      if (!ws.ok()) continue;
-      const int64_t b = item / tiles_per_batch;
-      const int64_t q0 = (item % tiles_per_batch) * tq;
-      Tile tile;
-      tile.batch = b;
-      tile.first_query = q0;
-      tile.rows = std::min(tq, p.query_len - q0);
-      tile.query = p.query + p.batch_offset(p.query_strides, b);
-      tile.key = p.key + p.batch_offset(p.key_strides, b);
-      tile.value = p.value + p.batch_offset(p.value_strides, b);
-      tile.output = p.output + p.batch_offset(p.output_strides, b);
-      tile.weights = p.weights ? p.weights + p.batch_offset(p.weights_strides, b) : nullptr;
-      tile.mask = p.mask ? p.mask + p.batch_offset(p.mask_strides, b) : nullptr;
-      tile.bias = p.bias ? p.bias + p.batch_offset(p.bias_strides, b) : nullptr;
-      attention.Run(tile);
+      if (ws.ok()) body(ws, item);
     }
   }
-  if (allocation_failed) throw Error("fused attention: out of memory for per-thread tiles");
+  if (allocation_failed) throw Error("fused attention: out of memory for the work buffers");
 }
 
-// Query vectors per tile: as many as the queries fill, up to 4.
+void RunAllRows(const SdpaParams& p) {
+  ParallelItems<RowWorkspace>(p, p.batch * p.query_len, [&](RowWorkspace& ws, int64_t item) {
+    RowAttention attention(p, ws);
+    attention.Run(MakeTile(p, item / p.query_len, item % p.query_len, 1));
+  });
+}
+
+template <int QV>
+void RunAllTiles(const SdpaParams& p) {
+  constexpr int64_t tq = QV * kLanes;
+  const int64_t tiles_per_batch = (p.query_len + tq - 1) / tq;
+  ParallelItems<Workspace>(p, p.batch * tiles_per_batch, [&](Workspace& ws, int64_t item) {
+    const int64_t q0 = (item % tiles_per_batch) * tq;
+    TileAttention<QV> attention(p, ws);
+    attention.Run(MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0)));
+  });
+}
+
+// Row kernel while a query tile would be at most half full; else query tiles of as many
+// vectors as the queries fill, up to 4.
 void FusedSdpa(const SdpaParams& p) {
+  if (2 * p.query_len <= kLanes) return RunAllRows(p);
   const int64_t vectors = (p.query_len + kLanes - 1) / kLanes;
   if (vectors >= 4) return RunAllTiles<4>(p);
   if (vectors == 3) return RunAllTiles<3>(p);
