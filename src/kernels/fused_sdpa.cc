@@ -30,6 +30,10 @@
 #include <cstring>
 #include <limits>
 
+#if HWY_ARCH_X86
+#include <xmmintrin.h>  // MXCSR: flush-to-zero and denormals-are-zero
+#endif
+
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
@@ -111,6 +115,7 @@ struct Workspace {
   hwy::AlignedFreeUniquePtr<float[]> row_sum;   // [Tq]      running sum l
   hwy::AlignedFreeUniquePtr<float[]> alpha;     // [Tq]      rescale factor of this key tile
   hwy::AlignedFreeUniquePtr<uint8_t[]> visible; // [Tq]      some key not excluded so far
+  hwy::AlignedFreeUniquePtr<float[]> tile_max;  // [Lk/Tk][Tq] reference point per key tile
 
   explicit Workspace(const SdpaParams& p) {
     const int64_t tq = kMaxQueryVectors * kLanes;
@@ -121,9 +126,11 @@ struct Workspace {
     row_sum = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     alpha = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     visible = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(tq));
+    const int64_t key_tiles = (p.key_len + kKeyTile - 1) / kKeyTile;
+    tile_max = hwy::AllocateAligned<float>(static_cast<size_t>((p.weights ? key_tiles : 1) * tq));
   }
   bool ok() const {
-    return query_t && score_t && out_t && row_max && row_sum && alpha && visible;
+    return query_t && score_t && out_t && row_max && row_sum && alpha && visible && tile_max;
   }
 };
 
@@ -217,35 +224,23 @@ class TileAttention {
     std::fill_n(ws_.out_t.get(), p_.value_dim * kTq, 0.0f);
     const float keep_scale = 1.0f / (1.0f - p_.dropout);
 
-    if (tile.weights == nullptr) {
-      // One pass: online softmax with output accumulation.
-      for (int64_t k0 = 0; k0 < key_end; k0 += kKeyTile) {
-        const int64_t keys = std::min(kKeyTile, key_end - k0);
-        ComputeScores(tile, k0, keys);
-        SoftmaxStep(keys);
-        if (p_.dropout > 0) ApplyDropout(tile, k0, keys, 1.0f);
-        AccumulateValues(tile, k0, keys, ws_.alpha.get());
-      }
-      FinishOutput(tile, keep_scale);
-    } else {
-      // Two passes: the final max and sum first, then normalized weights and output.
-      for (int64_t k0 = 0; k0 < key_end; k0 += kKeyTile) {
-        const int64_t keys = std::min(kKeyTile, key_end - k0);
-        ComputeScores(tile, k0, keys);
-        SoftmaxStep(keys);
-      }
-      std::fill_n(ws_.alpha.get(), kTq, 1.0f);
-      for (int64_t k0 = 0; k0 < key_end; k0 += kKeyTile) {
-        const int64_t keys = std::min(kKeyTile, key_end - k0);
-        ComputeScores(tile, k0, keys);
-        NormalizedProbabilities(keys);
-        if (p_.dropout > 0) ApplyDropout(tile, k0, keys, keep_scale);
-        WriteWeights(tile, k0, keys, key_end);
-        AccumulateValues(tile, k0, keys, ws_.alpha.get());
-      }
-      if (key_end == 0) WriteWeights(tile, 0, 0, 0);
-      FinishOutput(tile, 1.0f);
+    // One pass: online softmax with output accumulation. With weights, each key tile's
+    // probabilities 2^(s − m_t) are written as they are and rescaled once the final m and
+    // l are known, while the tile's rows are still in cache.
+    int64_t key_tile_index = 0;
+    for (int64_t k0 = 0; k0 < key_end; k0 += kKeyTile, ++key_tile_index) {
+      const int64_t keys = std::min(kKeyTile, key_end - k0);
+      ComputeScores(tile, k0, keys);
+      SoftmaxStep(keys, tile.weights ? ws_.tile_max.get() + key_tile_index * kTq : nullptr);
+      if (p_.dropout > 0) ApplyDropout(tile, k0, keys);
+      if (tile.weights) WriteWeights(tile, k0, keys, key_end);
+      AccumulateValues(tile, k0, keys, ws_.alpha.get());
     }
+    if (tile.weights) {
+      if (key_end == 0) WriteWeights(tile, 0, 0, 0);
+      RescaleWeights(tile, key_tile_index, keep_scale);
+    }
+    FinishOutput(tile, keep_scale);
     if (p_.mask != nullptr || p_.causal) FixFullyExcludedRows(tile);
   }
 
@@ -299,12 +294,31 @@ class TileAttention {
   void ApplyExclusions(const Tile& tile, int64_t k0, int64_t keys) {
     const int64_t q0 = tile.first_query;
     const bool tile_crosses_diagonal = p_.causal && k0 + keys - 1 > p_.causal_last_key(q0);
-    if (tile.mask == nullptr && !tile_crosses_diagonal) {
-      std::fill_n(ws_.visible.get(), tile.rows, uint8_t{1});
-      return;
-    }
     constexpr float kExcluded = kExcludedScore * kLog2e;
     float* score_t = ws_.score_t.get();
+    if (tile.mask == nullptr) {
+      // Causality alone: row r sees key 0 (and so has a visible key) iff its last key >= 0.
+      for (int64_t r = 0; r < tile.rows; ++r) {
+        ws_.visible[r] |= static_cast<uint8_t>(p_.causal_last_key(q0 + r) >= 0);
+      }
+      if (!tile_crosses_diagonal) return;
+      // Key k0 + j is excluded for lane r iff k0 + j > q0 + r + (Lk − Lq), i.e. r < limit_j.
+      const DF d;
+      const hn::RebindToSigned<DF> di;
+      const VF excluded = hn::Set(d, kExcluded);
+      const int64_t first_limit = k0 - p_.causal_last_key(q0);
+      for (int64_t j = 0; j < keys; ++j) {
+        const auto limit = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(first_limit + j, -1, kTq)));
+        for (int r = 0; r < QV; ++r) {
+          const auto lane = hn::Iota(di, r * static_cast<int32_t>(kLanes));
+          float* s = score_t + j * kTq + r * kLanes;
+          hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(lane, limit)), excluded,
+                                   hn::Load(d, s)),
+                    d, s);
+        }
+      }
+      return;
+    }
     for (int64_t r = 0; r < tile.rows; ++r) {
       const int64_t last_key = p_.causal ? p_.causal_last_key(q0 + r) : p_.key_len;
       const uint8_t* mask =
@@ -323,7 +337,8 @@ class TileAttention {
 
   // Online-softmax step over `keys` rows of score_t: new max, alpha = 2^(m − m'),
   // probabilities 2^(s − m') in place, l' = α·l + Σ p.
-  void SoftmaxStep(int64_t keys) {
+  // Stores the reference point m' (0 for rows still at -inf) in tile_max when not null.
+  void SoftmaxStep(int64_t keys, float* tile_max_out) {
     const DF d;
     float* score_t = ws_.score_t.get();
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
@@ -347,29 +362,43 @@ class TileAttention {
       hn::Store(hn::MulAdd(alpha, old_sum, sum), d, ws_.row_sum.get() + r * kLanes);
       hn::Store(new_max, d, ws_.row_max.get() + r * kLanes);
       hn::Store(alpha, d, ws_.alpha.get() + r * kLanes);
+      if (tile_max_out) hn::Store(safe_max, d, tile_max_out + r * kLanes);
     }
   }
 
-  // Second pass of the weights path: p = 2^(s − m) / l with the final m and l.
-  void NormalizedProbabilities(int64_t keys) {
+  // weights[q0 + r][key tile t] ·= 2^(m_t − m)·keep_scale / l: from the probabilities
+  // relative to each tile's reference point m_t to the final normalized weights.
+  void RescaleWeights(const Tile& tile, int64_t key_tiles, float keep_scale) {
     const DF d;
-    float* score_t = ws_.score_t.get();
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    float* factors = ws_.tile_max.get();  // becomes [t][r] rescale factors in place
     for (int r = 0; r < QV; ++r) {
-      float* column = score_t + r * kLanes;
       const VF row_max = hn::Load(d, ws_.row_max.get() + r * kLanes);
       const VF safe_max = hn::IfThenZeroElse(hn::Eq(row_max, neg_inf), row_max);
-      const VF inv_sum = hn::Div(hn::Set(d, 1.0f), hn::Load(d, ws_.row_sum.get() + r * kLanes));
-      for (int64_t j = 0; j < keys; ++j) {
-        const VF prob = Exp2(d, hn::Sub(hn::Load(d, column + j * kTq), safe_max));
-        hn::Store(hn::Mul(prob, inv_sum), d, column + j * kTq);
+      const VF scale =
+          hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r * kLanes));
+      for (int64_t t = 0; t < key_tiles; ++t) {
+        float* f = factors + t * kTq + r * kLanes;
+        hn::Store(hn::Mul(Exp2(d, hn::Sub(hn::Load(d, f), safe_max)), scale), d, f);
+      }
+    }
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      float* w = tile.weights + (tile.first_query + r) * p_.weights_strides.row;
+      for (int64_t t = 0; t < key_tiles; ++t) {
+        const VF factor = hn::Set(d, factors[t * kTq + r]);
+        const int64_t end = std::min(p_.key_len, (t + 1) * kKeyTile);
+        int64_t j = t * kKeyTile;
+        for (; j + kLanes <= end; j += kLanes) {
+          hn::StoreU(hn::Mul(hn::LoadU(d, w + j), factor), d, w + j);
+        }
+        for (; j < end; ++j) w[j] *= factors[t * kTq + r];
       }
     }
   }
 
-  // Zeroes dropped probabilities and multiplies kept ones by keep_scale. The draw for
+  // Zeroes dropped probabilities (1/(1 − p) is applied at the end). The draw for
   // (batch, query, key) is the same Philox word the reference uses.
-  void ApplyDropout(const Tile& tile, int64_t k0, int64_t keys, float keep_scale) {
+  void ApplyDropout(const Tile& tile, int64_t k0, int64_t keys) {
     const uint32_t threshold = dropout_threshold(p_.dropout);
     float* score_t = ws_.score_t.get();
     for (int64_t r = 0; r < tile.rows; ++r) {
@@ -378,7 +407,7 @@ class TileAttention {
         const PhiloxWords draws = dropout_draws(p_.seed, tile.batch, query, (k0 + j) / 4);
         for (int64_t w = 0; w < 4 && j + w < keys; ++w) {
           float& prob = score_t[(j + w) * kTq + r];
-          prob = draws.word[w] >= threshold ? prob * keep_scale : 0.0f;
+          if (draws.word[w] < threshold) prob = 0.0f;
         }
       }
     }
@@ -424,12 +453,11 @@ class TileAttention {
     }
   }
 
-  // output[q0 + r][ev] = out_t[ev][r]·factor / l_r (factor / 1 when already normalized).
+  // output[q0 + r][ev] = out_t[ev][r]·keep_scale / l_r.
   void FinishOutput(const Tile& tile, float keep_scale) {
-    const bool normalized = tile.weights != nullptr;
     const float* out_t = ws_.out_t.get();
     for (int64_t r = 0; r < tile.rows; ++r) {
-      const float factor = normalized ? 1.0f : keep_scale / ws_.row_sum[r];
+      const float factor = keep_scale / ws_.row_sum[r];
       float* o = tile.output + (tile.first_query + r) * p_.output_strides.row;
       for (int64_t c = 0; c < p_.value_dim; ++c) o[c] = out_t[c * kTq + r] * factor;
     }
@@ -694,6 +722,20 @@ Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
   return tile;
 }
 
+// Sets flush-to-zero and denormals-are-zero for this thread while alive (x86): denormal
+// inputs or products would otherwise take microcode assists, over 100 cycles each. Results
+// change only below 1.2e-38.
+class DenormalsAreZero {
+ public:
+#if HWY_ARCH_X86
+  DenormalsAreZero() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~DenormalsAreZero() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
 // Runs items [0, items) on p.num_threads threads, each with its own workspace; inline when
 // one thread suffices. Each item is computed by one thread with the same instruction
 // sequence whatever the thread count, so results are bitwise independent of it.
@@ -701,6 +743,7 @@ template <class Workspace_, class Body>
 void ParallelItems(const SdpaParams& p, int64_t items, const Body& body) {
   const int threads = static_cast<int>(std::min<int64_t>(p.num_threads, items));
   if (threads <= 1) {
+    DenormalsAreZero denormals_are_zero;
     Workspace_ ws(p);
     if (!ws.ok()) throw Error("fused attention: out of memory for the work buffers");
     for (int64_t item = 0; item < items; ++item) body(ws, item);
@@ -709,6 +752,7 @@ void ParallelItems(const SdpaParams& p, int64_t items, const Body& body) {
   bool allocation_failed = false;
 #pragma omp parallel num_threads(threads)
   {
+    DenormalsAreZero denormals_are_zero;
     Workspace_ ws(p);
     if (!ws.ok()) {
 #pragma omp atomic write
