@@ -11,7 +11,6 @@
 
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
-#include "checked_math.hpp"
 #include "kernels/kernel_list.hpp"
 #include "sdpa_params.hpp"
 
@@ -46,7 +45,22 @@ void check_view(const char* name, const TensorView& t) {
                   " in dimension " + std::to_string(d) + " is not supported");
     }
   }
-  (void)t.shape.numel();  // throws on overflow
+  if (t.shape.numel() == 0) return;  // throws on overflow
+  // The byte offset of the last element must be representable (byte_range, the kernels).
+  int64_t last_offset = 0;
+  bool overflow = false;
+  for (int d = 0; d < t.rank(); ++d) {
+    int64_t term;
+    overflow |= __builtin_mul_overflow(t.shape[d] - 1, t.strides[d], &term);
+    overflow |= __builtin_add_overflow(last_offset, term, &last_offset);
+  }
+  int64_t bytes;
+  overflow |= __builtin_mul_overflow(last_offset + 1, static_cast<int64_t>(dtype_size(t.dtype)),
+                                     &bytes);
+  if (overflow) {
+    throw Error(std::string(name) + ": byte offset of the last element of shape " +
+                t.shape.str() + " with strides " + t.strides.str() + " overflows");
+  }
 }
 
 // Byte range [first, last) that a view can touch; empty views touch nothing.
@@ -267,7 +281,7 @@ void run(const TensorView& query, const TensorView& key, const TensorView& value
   if (options.mask) {
     TensorView m = *options.mask;
     if (dtype_size(m.dtype) != 1) {
-      mask_copy.emplace(DType::kUInt8, m.shape);
+      mask_copy.emplace(DType::kBool, m.shape);  // nonzero → 1: 256 must not wrap to 0
       convert(m, mask_copy->view());
       m = mask_copy->view();
     }
@@ -321,10 +335,13 @@ AttentionResult scaled_dot_product_attention(const TensorView& query, const Tens
   const Problem problem = validate_inputs(query, key, value, options);
   AttentionResult result;
   if (options.need_weights) {
-    const uint64_t bytes = static_cast<uint64_t>(problem.scores_shape.numel()) * sizeof(float);
-    if (bytes > options.max_weights_bytes) {
-      throw Error("weights " + problem.scores_shape.str() + " would take " +
-                  std::to_string(bytes) + " bytes, over the limit of " +
+    const auto count = static_cast<uint64_t>(problem.scores_shape.numel());
+    if (count > options.max_weights_bytes / sizeof(float)) {  // count · 4 may not fit 64 bits
+      const std::string bytes = count <= UINT64_MAX / sizeof(float)
+                                    ? std::to_string(count * sizeof(float))
+                                    : "over 2^64";
+      throw Error("weights " + problem.scores_shape.str() + " would take " + bytes +
+                  " bytes, over the limit of " +
                   std::to_string(options.max_weights_bytes) + " (max_weights_bytes)");
     }
     result.weights = Tensor(DType::kFloat32, problem.scores_shape);

@@ -666,7 +666,13 @@ class RowAttention {
     }
     float* out = ws_.out.get();
     std::fill_n(out, p_.value_dim, 0.0f);
-    AccumulateRow(scores, tile.value, p_.value_strides.row, key_end, p_.value_dim, out);
+    // Chunks of 256 keys: a chunk of V (up to 512 KiB at Ev = 512) is read from memory once
+    // and from cache for the remaining column blocks.
+    constexpr int64_t kKeyChunk = 256;
+    for (int64_t k0 = 0; k0 < key_end; k0 += kKeyChunk) {
+      AccumulateRow(scores + k0, tile.value + k0 * p_.value_strides.row, p_.value_strides.row,
+                    std::min(kKeyChunk, key_end - k0), p_.value_dim, out);
+    }
     float* o = tile.output + i * p_.output_strides.row;
     int64_t c = 0;
     for (; c + kLanes <= p_.value_dim; c += kLanes) {
