@@ -64,6 +64,9 @@ std::vector<std::string> supported_simd_targets() {
   detail::apply_simd_cap_from_environment();
   std::vector<std::string> names;
   const int64_t supported = hwy::SupportedTargets();
+  // Highway 1.0.3's SupportedTargets() leaves the dispatch choice initialized to the
+  // uncapped targets: re-apply the cap, or every later HWY_DYNAMIC_DISPATCH ignores it.
+  hwy::GetChosenTarget().Update(supported);
   for (int64_t bit : compiled_target_bits()) {
     if (supported & bit) names.emplace_back(hwy::TargetName(bit));
   }

@@ -113,7 +113,11 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t stride = 1;
   for (int i = shape.rank() - 1; i >= 0; --i) {
     strides[i] = stride;
-    stride *= shape[i] > 0 ? shape[i] : 1;
+    // Saturates instead of overflowing: only a shape whose element count overflows (refused
+    // by numel() wherever the view is used) or an empty one gets here.
+    if (__builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride)) {
+      stride = INT64_MAX;
+    }
   }
   return strides;
 }

@@ -2,6 +2,11 @@
 #pragma once
 
 #include "attend/error.hpp"
+#include "attend/multihead.hpp"
+#include "attend/npy.hpp"
+#include "attend/positional.hpp"
 #include "attend/runtime.hpp"
+#include "attend/safetensors.hpp"
 #include "attend/sdpa.hpp"
+#include "attend/spatial.hpp"
 #include "attend/tensor.hpp"

@@ -1,3 +1,4 @@
-#include <cstdio>
-#include "attend/attend.hpp"
-int main() { std::printf("attend %s\n", attend::version()); return 0; }
+// main.cpp: the attend executable. Everything happens in attend_cli_main (cli_main.cpp).
+#include "cli_main.hpp"
+
+int main(int argc, char** argv) { return attend_cli_main(argc, argv); }

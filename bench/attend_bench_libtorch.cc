@@ -1,0 +1,115 @@
+// attend_bench_libtorch.cc: the listing's math path in LibTorch (matmul, softmax, matmul),
+// on the shapes of attend_bench, for comparison. Built only with -DATTEND_BENCH_LIBTORCH=ON.
+//
+//   build-*/bench/attend_bench_libtorch [--threads=N] [--benchmark_filter=REGEX]
+//
+// Names: libtorch/<case>/threads:<n> and libtorch/sweep_L|sweep_E/...; counters as in
+// attend_bench (GFLOPS from attend::attention_flops, pct_peak of the same FMA probe). The
+// scores (B, H, Lq, Lk) are materialized, so the L sweep stops at 4096.
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "bench/cases.hpp"
+#include "suite_common.hpp"
+
+namespace attend::bench {
+namespace {
+
+constexpr double kMinSeconds = 0.2;
+constexpr int64_t kLibTorchMaxLength = 4096;
+
+// The listing: scores = Q·Kᵀ / sqrt(E); masked_fill(mask == 0, -1e9) when causal;
+// weights = softmax(scores, -1); output = weights·V. Query (B, H, Lq, E), key and value
+// (B, H, Lk, E), output (B, H, Lq, E), weights (B, H, Lq, Lk).
+torch::Tensor listing_attention(const torch::Tensor& query, const torch::Tensor& key,
+                                const torch::Tensor& value, const torch::Tensor& causal_keep,
+                                bool need_weights, torch::Tensor* weights_out) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
+  torch::Tensor scores = torch::matmul(query, key.transpose(-2, -1)) * scale;
+  if (causal_keep.defined()) scores = scores.masked_fill(causal_keep.logical_not(), -1e9);
+  torch::Tensor weights = torch::softmax(scores, -1);
+  if (need_weights) *weights_out = weights;
+  return torch::matmul(weights, value);
+}
+
+void register_problem(const std::string& label, const AttentionShape& shape, bool need_weights,
+                      int threads, bool report_bandwidth) {
+  const std::string name = "libtorch/" + label + "/threads:" + std::to_string(threads);
+  benchmark::RegisterBenchmark(
+      name.c_str(),
+      [=](benchmark::State& state) {
+        torch::NoGradGuard no_grad;
+        torch::set_num_threads(threads);
+        torch::manual_seed(0);
+        const auto options = torch::TensorOptions().dtype(torch::kFloat32);
+        const torch::Tensor query =
+            torch::rand({shape.batch, shape.heads, shape.query_len, shape.head_dim}, options) * 2 -
+            1;
+        const torch::Tensor key =
+            torch::rand({shape.batch, shape.heads, shape.key_len, shape.head_dim}, options) * 2 - 1;
+        const torch::Tensor value =
+            torch::rand({shape.batch, shape.heads, shape.key_len, shape.head_dim}, options) * 2 - 1;
+        torch::Tensor causal_keep;  // query i keeps key j when j <= i + Lk - Lq
+        if (shape.causal) {
+          causal_keep = torch::ones({shape.query_len, shape.key_len}, torch::kBool)
+                            .tril(shape.key_len - shape.query_len);
+        }
+        torch::Tensor weights;
+        for (auto _ : state) {
+          torch::Tensor output =
+              listing_attention(query, key, value, causal_keep, need_weights, &weights);
+          benchmark::DoNotOptimize(output.data_ptr());
+        }
+        set_attention_counters(state, shape, threads, report_bandwidth);
+      })
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond)
+      ->MinTime(kMinSeconds);
+}
+
+void register_all(int threads) {
+  for (const BenchCase& c : bench_cases()) {
+    if (!c.implemented) continue;
+    const bool report_bandwidth = c.target.kind == TargetKind::kMinGbps;
+    if (!c.single_thread)
+      register_problem(c.name, c.shape, c.need_weights, threads, report_bandwidth);
+    register_problem(c.name, c.shape, c.need_weights, 1, report_bandwidth);
+  }
+  for (bool causal : {false, true}) {
+    for (int64_t length : sweep_lengths()) {
+      if (length > kLibTorchMaxLength) continue;
+      const AttentionShape shape = sweep_shape(length, kSweepFixedHeadDim, causal);
+      register_problem("sweep_L/" + describe_sweep_point(shape), shape, false, threads, false);
+    }
+  }
+  for (bool causal : {false, true}) {
+    for (int64_t head_dim : sweep_head_dims()) {
+      const AttentionShape shape = sweep_shape(kSweepFixedLength, head_dim, causal);
+      register_problem("sweep_E/" + describe_sweep_point(shape), shape, false, threads, false);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace attend::bench
+
+int main(int argc, char** argv) {
+  try {
+    const int threads = attend::bench::take_threads_flag(&argc, argv);
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+    attend::bench::measure_suite_peaks(threads);
+    attend::bench::register_all(threads);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

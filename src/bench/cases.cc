@@ -1,0 +1,165 @@
+// cases.cc: the case table of issue 3 and the inputs the cases run on.
+#include "bench/cases.hpp"
+
+#include <cstdio>
+
+namespace attend::bench {
+
+double AttentionShape::flops() const {
+  return attention_flops(batch * heads, query_len, key_len, head_dim, head_dim, causal);
+}
+
+double AttentionShape::key_value_bytes() const {
+  return 2.0 * static_cast<double>(batch * heads) * static_cast<double>(key_len) *
+         static_cast<double>(head_dim) * sizeof(float);
+}
+
+double AttentionShape::weights_bytes() const {
+  return static_cast<double>(batch * heads) * static_cast<double>(query_len) *
+         static_cast<double>(key_len) * sizeof(float);
+}
+
+std::string describe_target(const CaseTarget& target) {
+  char text[64];
+  switch (target.kind) {
+    case TargetKind::kNone:
+      return "-";
+    case TargetKind::kMaxMicroseconds:
+      std::snprintf(text, sizeof(text), "<= %g us", target.value);
+      break;
+    case TargetKind::kMinGflops:
+      std::snprintf(text, sizeof(text), ">= %g GFLOP/s", target.value);
+      break;
+    case TargetKind::kMinGbps:
+      std::snprintf(text, sizeof(text), ">= %g GB/s", target.value);
+      break;
+    case TargetKind::kMaxWeightsRatio:
+      std::snprintf(text, sizeof(text), "<= %gx", target.value);
+      break;
+  }
+  return text;
+}
+
+bool target_met(const CaseTarget& target, double measured) {
+  switch (target.kind) {
+    case TargetKind::kMaxMicroseconds:
+    case TargetKind::kMaxWeightsRatio:
+      return measured <= target.value;
+    case TargetKind::kMinGflops:
+    case TargetKind::kMinGbps:
+      return measured >= target.value;
+    case TargetKind::kNone:
+      break;
+  }
+  return true;
+}
+
+const std::vector<BenchCase>& bench_cases() {
+  // Shapes (B, H, Lq, Lk, E) and targets of issue 3, on 2 Zen 5 cores (AVX-512).
+  static const std::vector<BenchCase> cases = {
+      {.name = "phrase",
+       .shape = {1, 8, 4, 4, 32, false},
+       .single_thread = true,
+       .target = {TargetKind::kMaxMicroseconds, 0.5},
+       .summary = "a short phrase: latency on one thread"},
+      {.name = "unet",
+       .shape = {1, 4, 4096, 4096, 32, false},
+       .target = {TargetKind::kMinGflops, 430},
+       .summary = "Stable Diffusion U-Net self-attention, 64x64 latents"},
+      {.name = "s3",
+       .shape = {1, 8, 1024, 1024, 64, false},
+       .target = {TargetKind::kMinGflops, 440},
+       .summary = "encoder layer, L 1024, E 64"},
+      {.name = "s4",
+       .shape = {1, 16, 2048, 2048, 128, false},
+       .target = {TargetKind::kMinGflops, 470},
+       .summary = "large heads, L 2048, E 128"},
+      {.name = "s4-causal",
+       .shape = {1, 16, 2048, 2048, 128, true},
+       .target = {TargetKind::kMinGflops, 430},
+       .summary = "s4 with a causal mask (half the FLOPs)"},
+      {.name = "decode",
+       .shape = {1, 32, 1, 8192, 128, false},
+       .target = {TargetKind::kMinGbps, 30},
+       .summary = "one query against an 8192-entry KV cache"},
+      {.name = "unet-weights",
+       .shape = {1, 4, 4096, 4096, 32, false},
+       .need_weights = true,
+       .target = {TargetKind::kMaxWeightsRatio, 1.5},
+       .summary = "unet also returning the 4x4096x4096 weights"},
+      {.name = "phrase-mha",
+       .shape = {1, 8, 4, 4, 32, false},
+       .single_thread = true,
+       .implemented = false,
+       .target = {},
+       .summary = "phrase through MultiHeadAttention (reserved)"},
+      {.name = "unet-block",
+       .shape = {1, 4, 4096, 4096, 32, false},
+       .implemented = false,
+       .target = {},
+       .summary = "a whole U-Net attention block (reserved)"},
+  };
+  return cases;
+}
+
+const BenchCase* find_bench_case(std::string_view name) {
+  for (const BenchCase& c : bench_cases()) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+std::string known_case_names() {
+  std::string names;
+  for (const BenchCase& c : bench_cases()) names += (names.empty() ? "" : ", ") + c.name;
+  return names;
+}
+
+namespace {
+
+// Deterministic values in [-1, 1): a 64-bit linear congruential generator, top 24 bits.
+void fill_uniform(Tensor& tensor, uint64_t seed) {
+  float* data = tensor.data_as<float>();
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < tensor.numel(); ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    data[i] = static_cast<float>(state >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  }
+}
+
+}  // namespace
+
+CaseTensors make_case_tensors(const AttentionShape& shape, bool need_weights) {
+  const Shape query_shape{shape.batch, shape.heads, shape.query_len, shape.head_dim};
+  const Shape key_shape{shape.batch, shape.heads, shape.key_len, shape.head_dim};
+  CaseTensors tensors;
+  tensors.query = Tensor(DType::kFloat32, query_shape);
+  tensors.key = Tensor(DType::kFloat32, key_shape);
+  tensors.value = Tensor(DType::kFloat32, key_shape);
+  fill_uniform(tensors.query, 1);
+  fill_uniform(tensors.key, 2);
+  fill_uniform(tensors.value, 3);
+  tensors.output = Tensor::zeros(DType::kFloat32, query_shape);
+  if (need_weights) {
+    tensors.weights = Tensor::zeros(
+        DType::kFloat32, Shape{shape.batch, shape.heads, shape.query_len, shape.key_len});
+  }
+  return tensors;
+}
+
+void run_attention(CaseTensors& tensors, const AttentionShape& shape, int num_threads,
+                   Backend backend) {
+  // query (B, H, Lq, E), key and value (B, H, Lk, E) -> output (B, H, Lq, E) and, when
+  // allocated, weights (B, H, Lq, Lk).
+  AttentionOptions options;
+  options.causal = shape.causal;
+  options.num_threads = num_threads;
+  options.backend = backend;
+  options.need_weights = !tensors.weights.empty();
+  const TensorView weights_view = tensors.weights.view();
+  scaled_dot_product_attention_into(tensors.query.view(), tensors.key.view(), tensors.value.view(),
+                                    tensors.output.view(),
+                                    options.need_weights ? &weights_view : nullptr, options);
+}
+
+}  // namespace attend::bench

@@ -1,0 +1,83 @@
+// cases.hpp: the named benchmark cases shared by `attend bench` and bench/attend_bench, with
+// their shapes, targets and the inputs they run on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attend/sdpa.hpp"
+#include "attend/tensor.hpp"
+
+namespace attend::bench {
+
+// One attention problem: query (batch, heads, query_len, head_dim), key and value
+// (batch, heads, key_len, head_dim), output like query.
+struct AttentionShape {
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t query_len = 1;
+  int64_t key_len = 1;
+  int64_t head_dim = 1;
+  bool causal = false;
+
+  // attend::attention_flops(batch·heads, Lq, Lk, E, E, causal): the shared formula.
+  double flops() const;
+  // Bytes of K and V read once: 2·B·H·Lk·E·4 (float32).
+  double key_value_bytes() const;
+  // Bytes of the float32 weights (B, H, Lq, Lk).
+  double weights_bytes() const;
+};
+
+enum class TargetKind : uint8_t {
+  kNone,
+  kMaxMicroseconds,  // median time per call
+  kMinGflops,        // attention_flops / median time
+  kMinGbps,          // key_value_bytes / median time
+  kMaxWeightsRatio,  // time / (time without weights + time to write the weights)
+};
+
+struct CaseTarget {
+  TargetKind kind = TargetKind::kNone;
+  double value = 0;
+};
+
+// "<= 0.5 us", ">= 430 GFLOP/s", ">= 30 GB/s", "<= 1.5x"; "-" for none.
+std::string describe_target(const CaseTarget& target);
+// Whether `measured` (in the unit of target.kind) meets the target; true for kNone.
+bool target_met(const CaseTarget& target, double measured);
+
+struct BenchCase {
+  std::string name;
+  AttentionShape shape;
+  bool need_weights = false;
+  bool single_thread = false;  // a latency case: always one thread
+  bool implemented = true;     // false: the name is reserved for a case not written yet
+  CaseTarget target;
+  std::string summary;  // one line for listings
+};
+
+// The table, in the order `attend bench` runs it.
+const std::vector<BenchCase>& bench_cases();
+// The case called `name` (exact, case-sensitive), or nullptr.
+const BenchCase* find_bench_case(std::string_view name);
+// "phrase, unet, s3, ..." (every name in the table, reserved ones included).
+std::string known_case_names();
+
+// Inputs and outputs of one problem, allocated once and reused by every timed call.
+struct CaseTensors {
+  Tensor query, key, value, output;
+  Tensor weights;  // empty unless weights were requested
+};
+
+// Query, key and value filled with deterministic pseudo-random values in [-1, 1); output and
+// weights (when `need_weights`) allocated and zeroed so that their pages are faulted in.
+CaseTensors make_case_tensors(const AttentionShape& shape, bool need_weights);
+
+// One call of scaled_dot_product_attention_into on `tensors` (weights written when the
+// tensors hold them).
+void run_attention(CaseTensors& tensors, const AttentionShape& shape, int num_threads,
+                   Backend backend);
+
+}  // namespace attend::bench

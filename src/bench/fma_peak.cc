@@ -1,0 +1,148 @@
+// fma_peak.cc: FMA throughput probe in one Highway source compiled for every target.
+//
+// One thread: kChains accumulator vectors, each updated acc = acc·m + a once per round.
+// The chains are independent, so the core can keep (FMA latency × FMA ports) of them in
+// flight; 12 covers 4-cycle latency on 2 ports (Zen 4/5, Intel server cores) with room to
+// spare while leaving registers free even on 16-register targets. m < 1 keeps the values
+// bounded (they converge to a / (1 − m)) and away from denormals.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "bench/fma_peak.cc"
+#include "bench/fma_peak.hpp"
+
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+#include "attend/error.hpp"
+#include "attend/runtime.hpp"
+
+// Defined once, outside the per-target namespaces: every target returns the same type.
+#ifndef ATTEND_BENCH_FMA_PEAK_CHAIN_RESULT
+#define ATTEND_BENCH_FMA_PEAK_CHAIN_RESULT
+namespace attend::bench {
+struct ChainResult {
+  float checksum;      // depends on every accumulator, so no chain can be optimized away
+  double vector_fmas;  // rounds × chains
+  int lanes;
+  const char* target;
+};
+}  // namespace attend::bench
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace attend::bench {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr int kChains = 12;
+
+// rounds × kChains vector FMAs on the calling thread.
+ChainResult RunFmaChains(int64_t rounds) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const V multiplier = hn::Set(d, 0.999999f);
+  const V addend = hn::Set(d, 1e-6f);
+  V acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = hn::Set(d, static_cast<float>(c));
+  for (int64_t r = 0; r < rounds; ++r) {
+    for (int c = 0; c < kChains; ++c) acc[c] = hn::MulAdd(acc[c], multiplier, addend);
+  }
+  V sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = hn::Add(sum, acc[c]);
+  return {hn::GetLane(hn::SumOfLanes(d, sum)), static_cast<double>(rounds) * kChains,
+          static_cast<int>(hn::Lanes(d)), hwy::TargetName(HWY_TARGET)};
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attend::bench
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attend::bench {
+
+HWY_EXPORT(RunFmaChains);
+
+namespace {
+
+volatile float g_checksum_sink = 0;
+
+struct Trial {
+  double gflops = 0;        // Σ over threads of 2·lanes·FMAs / that thread's CPU time
+  double wall_seconds = 0;  // of the whole parallel region
+  int lanes = 0;
+  const char* target = "";
+};
+
+double thread_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+// Every thread runs `rounds` rounds and divides its FMAs by its own CPU time, so that other
+// processes on a shared machine, which take CPU time but not FMA units, do not lower the
+// figure; on a quiet machine it equals FMAs / wall time.
+Trial run_trial(int num_threads, int64_t rounds) {
+  Trial trial;
+  float checksum = 0;
+  double gflops = 0;
+  const auto start = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(num_threads) reduction(+ : checksum, gflops)
+  {
+    const double cpu_start = thread_cpu_seconds();
+    const ChainResult result = HWY_DYNAMIC_DISPATCH(RunFmaChains)(rounds);
+    const double cpu_seconds = std::max(thread_cpu_seconds() - cpu_start, 1e-9);
+    checksum += result.checksum;
+    gflops += 2.0 * result.vector_fmas * result.lanes / cpu_seconds / 1e9;
+#pragma omp master
+    {
+      trial.lanes = result.lanes;
+      trial.target = result.target;
+    }
+  }
+  trial.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  trial.gflops = gflops;
+  g_checksum_sink = checksum;
+  return trial;
+}
+
+}  // namespace
+
+FmaPeak measure_fma_peak(int num_threads, double min_seconds) {
+  if (num_threads < 1) {
+    throw Error("FMA peak probe: num_threads must be >= 1, got " + std::to_string(num_threads));
+  }
+  if (!(min_seconds > 0)) {
+    throw Error("FMA peak probe: min_seconds must be > 0, got " + std::to_string(min_seconds));
+  }
+  (void)supported_simd_targets();  // applies ATTEND_MAX_SIMD before the first dispatch
+
+  // Calibrate: double the rounds until one trial lasts a quarter of the wanted time.
+  int64_t rounds = int64_t{1} << 14;
+  Trial trial = run_trial(num_threads, rounds);
+  while (trial.wall_seconds < min_seconds / 4 && rounds < (int64_t{1} << 40)) {
+    rounds *= 2;
+    trial = run_trial(num_threads, rounds);
+  }
+  rounds = static_cast<int64_t>(static_cast<double>(rounds) * min_seconds /
+                                std::max(trial.wall_seconds, 1e-9));
+  rounds = std::max<int64_t>(rounds, 1);
+
+  FmaPeak peak;
+  peak.threads = num_threads;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    trial = run_trial(num_threads, rounds);
+    peak.gflops = std::max(peak.gflops, trial.gflops);
+    peak.lanes = trial.lanes;
+    peak.target = trial.target;
+  }
+  return peak;
+}
+
+}  // namespace attend::bench
+#endif  // HWY_ONCE

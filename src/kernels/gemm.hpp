@@ -1,0 +1,34 @@
+// gemm.hpp: the projection GEMM of a Linear layer (Highway, one source for every SIMD target,
+// dispatched at run time).
+//
+//   output(M, N) = input(M, K) · weight(N, K)ᵀ + bias(N)
+//
+// Row-major operands; `weight` is PyTorch's (out_features, in_features) matrix. Each output
+// element is accumulated by one fixed sequence (bias, then k = 0, 1, ..., K-1 with fused
+// multiply-adds), so the result does not depend on the thread count; it may differ in the last
+// bits between SIMD targets.
+#pragma once
+
+#include <cstdint>
+
+namespace attend::detail {
+
+struct LinearParams {
+  int64_t rows = 0;              // M
+  int64_t columns = 0;           // N (out_features)
+  int64_t depth = 0;             // K (in_features)
+  const float* input = nullptr;  // (M, K), row stride input_row_stride, column stride 1
+  int64_t input_row_stride = 0;
+  const float* weight = nullptr;  // (N, K), row stride weight_row_stride, column stride 1
+  int64_t weight_row_stride = 0;
+  const float* bias = nullptr;  // (N) or null
+  float* output = nullptr;      // (M, N), row stride output_row_stride, column stride 1
+  int64_t output_row_stride = 0;
+  int num_threads = 1;  // ≥ 1
+};
+
+// Computes the product described by `params`. Throws attend::Error when the packing buffer
+// cannot be allocated; the output must not overlap the input, weight or bias.
+void linear(const LinearParams& params);
+
+}  // namespace attend::detail

@@ -1,0 +1,223 @@
+// spatial.cpp: SpatialSelfAttention (U-Net attention block) and PatchEmbedding (ViT front).
+#include "attend/spatial.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "attend/runtime.hpp"
+#include "kernels/gemm.hpp"
+#include "multihead/parameter_init.hpp"
+
+namespace attend {
+namespace {
+
+// A contiguous float32 copy of a 4-D (N, C, H, W) input, validated.
+Tensor contiguous_image(const char* who, const TensorView& x, int64_t channels) {
+  if (x.rank() != 4) {
+    throw Error(std::string(who) + ": input " + x.shape.str() + " should be (N, C, H, W)");
+  }
+  if (x.strides.rank() != 4) {
+    throw Error(std::string(who) + ": strides " + x.strides.str() + " do not match shape " +
+                x.shape.str());
+  }
+  if (!is_floating(x.dtype) || x.dtype == DType::kFloat64) {
+    throw Error(std::string(who) + ": dtype " + dtype_name(x.dtype) +
+                " is not supported (float32, float16 or bfloat16)");
+  }
+  if (x.shape[1] != channels) {
+    throw Error(std::string(who) + ": input " + x.shape.str() + " has " +
+                std::to_string(x.shape[1]) + " channels, expected " + std::to_string(channels));
+  }
+  Tensor image(DType::kFloat32, x.shape);
+  convert(x, image.view());
+  return image;
+}
+
+}  // namespace
+
+SpatialSelfAttention::SpatialSelfAttention(int64_t channels, int64_t num_heads,
+                                           const SpatialAttentionOptions& options, uint64_t seed)
+    : channels_(channels), options_(options), attention_(channels, num_heads, {}, seed) {
+  const int64_t groups = options.group_norm_groups;
+  if (groups < 0 || (groups > 0 && channels % groups != 0)) {
+    throw Error("group_norm_groups " + std::to_string(groups) + " does not divide channels " +
+                std::to_string(channels) + " (0 disables the norm)");
+  }
+  if (groups > 0 && !(options.eps > 0)) {
+    throw Error("eps must be positive, got " + std::to_string(options.eps));
+  }
+  if (groups > 0) {
+    norm_weight_ = Tensor(DType::kFloat32, Shape({channels}));
+    norm_bias_ = Tensor::zeros(DType::kFloat32, Shape({channels}));
+    for (int64_t c = 0; c < channels; ++c) norm_weight_.data_as<float>()[c] = 1.0f;
+  }
+}
+
+Tensor SpatialSelfAttention::forward(const TensorView& x, int num_threads) const {
+  Tensor image = contiguous_image("SpatialSelfAttention", x, channels_);
+  const int64_t N = x.shape[0], C = channels_, pixels = x.shape[2] * x.shape[3];
+  const float* in = image.data_as<float>();
+
+  // 1. GroupNorm (statistics in float64), written transposed: tokens (N, H·W, C).
+  Tensor tokens(DType::kFloat32, Shape({N, pixels, C}));
+  float* token_data = tokens.data_as<float>();
+  const int64_t groups = options_.group_norm_groups;
+  const int64_t group_channels = groups > 0 ? C / groups : C;
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t first = 0; first < C; first += group_channels) {
+      double mean = 0, inverse_std = 1;
+      if (groups > 0) {
+        double sum = 0, sum_squares = 0;
+        for (int64_t c = first; c < first + group_channels; ++c) {
+          for (int64_t p = 0; p < pixels; ++p) {
+            const double value = in[(n * C + c) * pixels + p];
+            sum += value;
+            sum_squares += value * value;
+          }
+        }
+        const auto count = static_cast<double>(group_channels * pixels);
+        mean = sum / count;
+        const double variance = std::max(0.0, sum_squares / count - mean * mean);
+        inverse_std = 1.0 / std::sqrt(variance + options_.eps);
+      }
+      for (int64_t c = first; c < first + group_channels; ++c) {
+        const double scale = groups > 0 ? norm_weight_.data_as<float>()[c] * inverse_std : 1.0;
+        const double shift = groups > 0 ? norm_bias_.data_as<float>()[c] : 0.0;
+        for (int64_t p = 0; p < pixels; ++p) {
+          token_data[(n * pixels + p) * C + c] =
+              static_cast<float>((in[(n * C + c) * pixels + p] - mean) * scale + shift);
+        }
+      }
+    }
+  }
+
+  // 2. Self-attention over the H·W tokens.
+  MultiHeadForwardOptions attend_options;
+  attend_options.need_weights = false;
+  attend_options.num_threads = num_threads;
+  const TensorView t = tokens.view();
+  const Tensor attended = attention_.forward(t, t, t, attend_options).output;
+
+  // 3. Back to (N, C, H, W) and the residual: out(n, c, p) = x(n, c, p) + attended(n, p, c).
+  Tensor out(DType::kFloat32, x.shape);
+  const float* a = attended.data_as<float>();
+  float* o = out.data_as<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      for (int64_t p = 0; p < pixels; ++p) {
+        o[(n * C + c) * pixels + p] = in[(n * C + c) * pixels + p] + a[(n * pixels + p) * C + c];
+      }
+    }
+  }
+  return out;
+}
+
+PatchEmbedding::PatchEmbedding(int64_t in_channels, int64_t patch_size, int64_t embed_dim,
+                               const PatchEmbeddingOptions& options, uint64_t seed)
+    : in_channels_(in_channels), patch_size_(patch_size), embed_dim_(embed_dim), options_(options) {
+  for (auto [name, value] :
+       {std::pair{"in_channels", in_channels}, std::pair{"patch_size", patch_size},
+        std::pair{"embed_dim", embed_dim}}) {
+    if (value <= 0)
+      throw Error(std::string(name) + " must be positive, got " + std::to_string(value));
+  }
+  const int64_t fan_in = in_channels * patch_size * patch_size;
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  detail::ParameterRandom random(seed, 20);
+  weight_ = Tensor(DType::kFloat32, Shape({embed_dim, in_channels, patch_size, patch_size}));
+  bias_ = Tensor(DType::kFloat32, Shape({embed_dim}));
+  detail::fill_uniform(weight_, bound, random);
+  detail::fill_uniform(bias_, bound, random);
+  if (options.class_token) {
+    class_token_ = Tensor(DType::kFloat32, Shape({embed_dim}));
+    detail::fill_normal(class_token_, 0.02, random);
+  }
+  if (options.position_embeddings) {
+    const int64_t h = options.image_height, w = options.image_width;
+    if (h <= 0 || w <= 0 || h % patch_size != 0 || w % patch_size != 0) {
+      throw Error(
+          "PatchEmbedding: position_embeddings needs image_height and image_width, "
+          "positive multiples of patch_size " +
+          std::to_string(patch_size) + ", got " + std::to_string(h) + " x " + std::to_string(w));
+    }
+    const int64_t tokens = (h / patch_size) * (w / patch_size) + (options.class_token ? 1 : 0);
+    positions_ = Tensor(DType::kFloat32, Shape({tokens, embed_dim}));
+    detail::fill_normal(positions_, 0.02, random);
+  }
+}
+
+Tensor PatchEmbedding::forward(const TensorView& x, int num_threads) const {
+  Tensor image = contiguous_image("PatchEmbedding", x, in_channels_);
+  const int64_t N = x.shape[0], C = in_channels_, H = x.shape[2], W = x.shape[3];
+  const int64_t p = patch_size_, D = embed_dim_;
+  if (H % p != 0 || W % p != 0) {
+    throw Error("PatchEmbedding: input " + x.shape.str() + " is not a multiple of patch_size " +
+                std::to_string(p));
+  }
+  if (options_.position_embeddings && (H != options_.image_height || W != options_.image_width)) {
+    throw Error("PatchEmbedding: input " + x.shape.str() + " differs from the image size " +
+                std::to_string(options_.image_height) + " x " +
+                std::to_string(options_.image_width) + " of the position embeddings");
+  }
+  const int64_t rows = H / p, columns = W / p, patches = rows * columns;
+  const int64_t first = options_.class_token ? 1 : 0, tokens = first + patches;
+  const int64_t patch_features = C * p * p;
+
+  // 1. Flatten patches: flat(n, patch, (c, ky, kx)) = x(n, c, py·p + ky, px·p + kx), the order
+  //    of the (D, C, p, p) weight, so the convolution is flat · weight(D, C·p·p)ᵀ + bias.
+  Tensor flat(DType::kFloat32, Shape({N, patches, patch_features}));
+  const float* in = image.data_as<float>();
+  float* f = flat.data_as<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t py = 0; py < rows; ++py) {
+      for (int64_t px = 0; px < columns; ++px) {
+        for (int64_t c = 0; c < C; ++c) {
+          for (int64_t ky = 0; ky < p; ++ky) {
+            std::memcpy(f, in + ((n * C + c) * H + py * p + ky) * W + px * p,
+                        static_cast<size_t>(p) * sizeof(float));
+            f += p;
+          }
+        }
+      }
+    }
+  }
+
+  // 2. Project each image's patches into rows [first, tokens) of its output.
+  Tensor out(DType::kFloat32, Shape({N, tokens, D}));
+  const int threads = num_threads > 0 ? num_threads : default_num_threads();
+  for (int64_t n = 0; n < N; ++n) {
+    detail::LinearParams params;
+    params.rows = patches;
+    params.columns = D;
+    params.depth = patch_features;
+    params.input = flat.data_as<float>() + n * patches * patch_features;
+    params.input_row_stride = patch_features;
+    params.weight = weight_.data_as<float>();
+    params.weight_row_stride = patch_features;
+    params.bias = bias_.data_as<float>();
+    params.output = out.data_as<float>() + (n * tokens + first) * D;
+    params.output_row_stride = D;
+    params.num_threads = threads;
+    detail::linear(params);
+  }
+
+  // 3. Class token in row 0, then the position table added to every row.
+  float* o = out.data_as<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    if (options_.class_token) {
+      std::memcpy(o + n * tokens * D, class_token_.data(), static_cast<size_t>(D) * sizeof(float));
+    }
+    if (options_.position_embeddings) {
+      const float* table = positions_.data_as<float>();
+      for (int64_t e = 0; e < tokens * D; ++e) o[n * tokens * D + e] += table[e];
+    }
+  }
+  return out;
+}
+
+}  // namespace attend

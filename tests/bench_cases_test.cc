@@ -1,0 +1,218 @@
+// bench_cases_test.cc: the benchmark case table, the measuring helpers' contracts and the
+// shape of `attend bench --json` output. No assertion here depends on a timing.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "attend/runtime.hpp"
+#include "bench/cases.hpp"
+#include "bench/fma_peak.hpp"
+#include "bench/measure.hpp"
+#include "cli_main.hpp"
+
+namespace attend::bench {
+namespace {
+
+TEST(BenchCases, NamedCasesHaveTheShapesOfTheIssue) {
+  struct Expected {
+    const char* name;
+    int64_t batch, heads, query_len, key_len, head_dim;
+    bool causal, need_weights, single_thread;
+  };
+  const Expected expected[] = {
+      {"phrase", 1, 8, 4, 4, 32, false, false, true},
+      {"unet", 1, 4, 4096, 4096, 32, false, false, false},
+      {"s3", 1, 8, 1024, 1024, 64, false, false, false},
+      {"s4", 1, 16, 2048, 2048, 128, false, false, false},
+      {"s4-causal", 1, 16, 2048, 2048, 128, true, false, false},
+      {"decode", 1, 32, 1, 8192, 128, false, false, false},
+      {"unet-weights", 1, 4, 4096, 4096, 32, false, true, false},
+  };
+  for (const Expected& e : expected) {
+    SCOPED_TRACE(e.name);
+    const BenchCase* c = find_bench_case(e.name);
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(c->name, e.name);
+    EXPECT_TRUE(c->implemented);
+    EXPECT_EQ(c->shape.batch, e.batch);
+    EXPECT_EQ(c->shape.heads, e.heads);
+    EXPECT_EQ(c->shape.query_len, e.query_len);
+    EXPECT_EQ(c->shape.key_len, e.key_len);
+    EXPECT_EQ(c->shape.head_dim, e.head_dim);
+    EXPECT_EQ(c->shape.causal, e.causal);
+    EXPECT_EQ(c->need_weights, e.need_weights);
+    EXPECT_EQ(c->single_thread, e.single_thread);
+    EXPECT_NE(c->target.kind, TargetKind::kNone);
+  }
+}
+
+TEST(BenchCases, ReservedAndUnknownNames) {
+  for (const char* reserved : {"phrase-mha", "unet-block"}) {
+    const BenchCase* c = find_bench_case(reserved);
+    ASSERT_NE(c, nullptr) << reserved;
+    EXPECT_FALSE(c->implemented) << reserved;
+  }
+  EXPECT_EQ(find_bench_case("nope"), nullptr);
+  EXPECT_EQ(find_bench_case(""), nullptr);
+  EXPECT_EQ(find_bench_case("S3"), nullptr);  // names are case-sensitive
+  EXPECT_EQ(find_bench_case("s4 "), nullptr);
+}
+
+TEST(BenchCases, KnownNamesListEveryCaseOnceInTableOrder) {
+  std::string expected;
+  std::set<std::string> seen;
+  for (const BenchCase& c : bench_cases()) {
+    EXPECT_TRUE(seen.insert(c.name).second) << "duplicate case " << c.name;
+    expected += (expected.empty() ? "" : ", ") + c.name;
+  }
+  EXPECT_EQ(known_case_names(), expected);
+  EXPECT_EQ(known_case_names().rfind("phrase, unet, s3, s4, s4-causal, decode, unet-weights", 0),
+            0u);
+}
+
+TEST(BenchCases, FlopsAndBytesByHand) {
+  // unet: 4·(B·H)·Lq·Lk·E = 4·4·4096·4096·32.
+  EXPECT_DOUBLE_EQ(find_bench_case("unet")->shape.flops(), 8589934592.0);
+  // s4-causal: half of 4·16·2048·2048·128.
+  EXPECT_DOUBLE_EQ(find_bench_case("s4-causal")->shape.flops(), 34359738368.0 / 2);
+  // decode reads K and V: 2·32·8192·128·4 bytes.
+  EXPECT_DOUBLE_EQ(find_bench_case("decode")->shape.key_value_bytes(), 268435456.0);
+  // unet-weights writes 4·4096·4096 floats.
+  EXPECT_DOUBLE_EQ(find_bench_case("unet-weights")->shape.weights_bytes(), 268435456.0);
+}
+
+TEST(BenchCases, TargetsCompareInTheRightDirection) {
+  const CaseTarget latency{TargetKind::kMaxMicroseconds, 0.5};
+  EXPECT_TRUE(target_met(latency, 0.4));
+  EXPECT_FALSE(target_met(latency, 0.6));
+  const CaseTarget throughput{TargetKind::kMinGflops, 430};
+  EXPECT_TRUE(target_met(throughput, 431));
+  EXPECT_FALSE(target_met(throughput, 429));
+  const CaseTarget ratio{TargetKind::kMaxWeightsRatio, 1.5};
+  EXPECT_FALSE(target_met(ratio, 1.6));
+  EXPECT_EQ(describe_target(latency), "<= 0.5 us");
+  EXPECT_EQ(describe_target(throughput), ">= 430 GFLOP/s");
+  EXPECT_EQ(describe_target({TargetKind::kMinGbps, 30}), ">= 30 GB/s");
+  EXPECT_EQ(describe_target(ratio), "<= 1.5x");
+}
+
+TEST(BenchCases, CaseTensorsRunThroughTheApi) {
+  const AttentionShape shape{1, 2, 3, 5, 4, true};
+  CaseTensors tensors = make_case_tensors(shape, /*need_weights=*/true);
+  EXPECT_EQ(tensors.query.shape(), Shape({1, 2, 3, 4}));
+  EXPECT_EQ(tensors.key.shape(), Shape({1, 2, 5, 4}));
+  EXPECT_EQ(tensors.weights.shape(), Shape({1, 2, 3, 5}));
+  for (float v : {tensors.query.data_as<float>()[0], tensors.value.data_as<float>()[39]}) {
+    EXPECT_GE(v, -1.0f);
+    EXPECT_LT(v, 1.0f);
+  }
+  run_attention(tensors, shape, 1, Backend::kAuto);
+  // Every weights row sums to 1, and the first query (causal, Lk − Lq = 2) sees 3 keys.
+  const float* w = tensors.weights.data_as<float>();
+  for (int row = 0; row < 6; ++row) {
+    float sum = 0;
+    for (int j = 0; j < 5; ++j) sum += w[row * 5 + j];
+    EXPECT_NEAR(sum, 1.0f, 1e-5f) << "row " << row;
+  }
+  EXPECT_EQ(w[3], 0.0f);
+  EXPECT_EQ(w[4], 0.0f);
+  EXPECT_GT(w[2], 0.0f);
+}
+
+TEST(BenchMeasure, TimeRepeatedCallsWarmUpThenOncePerRepetitionAtMinTimeZero) {
+  int calls = 0;
+  const RepeatedTiming timing = time_repeated([&] { ++calls; }, 3, 0.0);
+  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(timing.calls_per_repetition, 1);
+  EXPECT_LE(timing.best_seconds, timing.median_seconds);
+  EXPECT_THROW(time_repeated([] {}, 0, 0.1), Error);
+  EXPECT_THROW(time_repeated([] {}, 1, -1.0), Error);
+}
+
+TEST(BenchMeasure, FmaPeakReportsTheDispatchedTarget) {
+  const FmaPeak peak = measure_fma_peak(1, 0.005);
+  EXPECT_GT(peak.gflops, 0.0);
+  EXPECT_EQ(peak.threads, 1);
+  EXPECT_EQ(peak.target, active_simd_target());
+  EXPECT_GE(peak.lanes, 1);
+  EXPECT_THROW(measure_fma_peak(0), Error);
+  EXPECT_THROW(measure_fma_peak(1, 0.0), Error);
+}
+
+TEST(BenchMeasure, WriteProbeAndPeakRss) {
+  EXPECT_GT(measure_write_seconds(1 << 20, 1, 0.005), 0.0);
+  EXPECT_THROW(measure_write_seconds(0, 1), Error);
+  EXPECT_GT(peak_rss_bytes(), 0);
+}
+
+int run_cli(std::vector<std::string> arguments, std::string* out, std::string* err) {
+  arguments.insert(arguments.begin(), "attend");
+  std::vector<char*> argv;
+  for (std::string& a : arguments) argv.push_back(a.data());
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const int status = attend_cli_main(static_cast<int>(argv.size()), argv.data());
+  *out = testing::internal::GetCapturedStdout();
+  *err = testing::internal::GetCapturedStderr();
+  return status;
+}
+
+TEST(BenchCommand, JsonLineHasTheRequiredKeys) {
+  std::string out, err;
+  ASSERT_EQ(
+      run_cli({"bench", "--case", "phrase", "--json", "--min-time", "0.01", "--repetitions", "1"},
+              &out, &err),
+      0)
+      << err;
+  std::istringstream lines(out);
+  std::vector<std::string> nonempty;
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) nonempty.push_back(line);
+  }
+  ASSERT_EQ(nonempty.size(), 1u) << out;
+  const nlohmann::json record = nlohmann::json::parse(nonempty[0]);
+  for (const char* key : {"case", "B", "H", "Lq", "Lk", "E", "causal", "threads", "median_us",
+                          "gflops", "peak_gflops", "pct_peak", "simd_target"}) {
+    EXPECT_TRUE(record.contains(key)) << "missing " << key << " in " << nonempty[0];
+  }
+  EXPECT_EQ(record["case"], "phrase");
+  EXPECT_EQ(record["H"], 8);
+  EXPECT_EQ(record["Lq"], 4);
+  EXPECT_EQ(record["E"], 32);
+  EXPECT_EQ(record["threads"], 1);
+  EXPECT_GT(record["median_us"].get<double>(), 0.0);
+  EXPECT_NE(err.find("FMA peak:"), std::string::npos) << err;
+  EXPECT_NE(err.find("[1/1] phrase"), std::string::npos) << err;
+}
+
+TEST(BenchCommand, UnknownCaseIsAnErrorNamingTheKnownOnes) {
+  std::string out, err;
+  EXPECT_EQ(run_cli({"bench", "--case", "nope"}, &out, &err), 2);
+  EXPECT_EQ(err.rfind("error: unknown case 'nope' (known: phrase, unet,", 0), 0u) << err;
+  EXPECT_EQ(out, "");
+}
+
+TEST(BenchCommand, ReservedCaseIsSkippedWithAMessage) {
+  std::string out, err;
+  EXPECT_EQ(run_cli({"bench", "--case", "unet-block", "--json"}, &out, &err), 0) << err;
+  EXPECT_NE(err.find("unet-block: not implemented yet, skipped"), std::string::npos) << err;
+  EXPECT_EQ(out, "");
+}
+
+TEST(BenchCommand, BadNumbersAreRefused) {
+  std::string out, err;
+  EXPECT_EQ(run_cli({"bench", "--repetitions", "0"}, &out, &err), 2);
+  EXPECT_NE(err.find("--repetitions"), std::string::npos) << err;
+  EXPECT_EQ(run_cli({"bench", "--min-time", "-1"}, &out, &err), 2);
+  EXPECT_NE(err.find("--min-time"), std::string::npos) << err;
+  EXPECT_EQ(run_cli({"bench", "--threads", "x"}, &out, &err), 2);
+  EXPECT_NE(err.find("--threads"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace attend::bench

@@ -1,0 +1,422 @@
+// Tests for the attend executable, run as a subprocess in a fresh directory per test: a good
+// run checked against the library's reference backend, and every kind of bad input, which
+// must give exit status 2, exactly one "error: " line on stderr, and no output file created
+// or changed.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attend/attend.hpp"
+#include "attend/npy.hpp"
+#include "cli_main.hpp"
+
+extern char** environ;
+
+namespace attend {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct RunResult {
+  int exit_status = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Deterministic values in [-1, 1) (a small linear congruential generator).
+Tensor filled(const Shape& shape, uint32_t seed) {
+  Tensor t(DType::kFloat32, shape);
+  uint32_t state = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    t.data_as<float>()[i] = static_cast<float>(state >> 8) / 8388608.0f - 1.0f;
+  }
+  return t;
+}
+
+class AttendCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "attend_cli_test_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    directory_ = pattern;
+    // Q (2, 5, 8), K (2, 7, 8), V (2, 7, 3), a bool mask (5, 7) and a bias (5, 7).
+    write("Q.npy", filled(Shape({2, 5, 8}), 1));
+    write("K.npy", filled(Shape({2, 7, 8}), 2));
+    write("V.npy", filled(Shape({2, 7, 3}), 3));
+    write("B.npy", filled(Shape({5, 7}), 4));
+    Tensor mask(DType::kBool, Shape({5, 7}));
+    for (int64_t i = 0; i < mask.numel(); ++i) mask.data_as<uint8_t>()[i] = (i % 3) != 1;
+    write("M.npy", mask);
+  }
+  void TearDown() override { fs::remove_all(directory_); }
+
+  std::string path(const std::string& name) const { return (directory_ / name).string(); }
+  void write(const std::string& name, const Tensor& t) const { write_npy(path(name), t.view()); }
+
+  // Runs the attend binary with `arguments` in the test directory.
+  RunResult run(const std::vector<std::string>& arguments) const {
+    std::vector<std::string> words = {ATTEND_CLI_PATH};
+    words.insert(words.end(), arguments.begin(), arguments.end());
+    std::vector<char*> argv;
+    for (std::string& word : words) argv.push_back(word.data());
+    argv.push_back(nullptr);
+
+    const std::string out_path = path("stdout.txt"), err_path = path("stderr.txt");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    // The child runs in the test directory, so relative paths refer to it.
+    posix_spawn_file_actions_addchdir_np(&actions, directory_.c_str());
+    pid_t pid = 0;
+    const int spawn_error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+
+    RunResult result;
+    if (spawn_error != 0) {
+      ADD_FAILURE() << "cannot run " << argv[0] << ": " << std::strerror(spawn_error);
+      return result;
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    result.out = read_bytes(out_path);
+    result.err = read_bytes(err_path);
+    fs::remove(out_path);
+    fs::remove(err_path);
+    return result;
+  }
+
+  // The run failed as a bad input must: status 2, one "error: " line containing `phrase`,
+  // nothing on stdout.
+  static void expect_error(const RunResult& result, const std::string& phrase) {
+    EXPECT_EQ(result.exit_status, 2) << result.err;
+    EXPECT_EQ(result.err.rfind("error: ", 0), 0u) << result.err;
+    ASSERT_FALSE(result.err.empty());
+    EXPECT_EQ(result.err.find('\n'), result.err.size() - 1) << "more than one line:\n"
+                                                            << result.err;
+    EXPECT_NE(result.err.find(phrase), std::string::npos)
+        << "expected '" << phrase << "' in: " << result.err;
+    EXPECT_EQ(result.out, "");
+  }
+
+  // Sorted names of the files in the test directory.
+  std::vector<std::string> listing() const {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(directory_)) {
+      names.push_back(entry.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  fs::path directory_;
+};
+
+// The same computation through the library's reference backend.
+AttentionResult reference(const std::string& directory, AttentionOptions options,
+                          const char* mask = nullptr, const char* bias = nullptr) {
+  const Tensor q = read_npy(directory + "/Q.npy");
+  const Tensor k = read_npy(directory + "/K.npy");
+  const Tensor v = read_npy(directory + "/V.npy");
+  std::optional<Tensor> mask_tensor, bias_tensor;
+  if (mask) {
+    mask_tensor = read_npy(directory + "/" + mask);
+    options.mask = mask_tensor->view();
+  }
+  if (bias) {
+    bias_tensor = read_npy(directory + "/" + bias);
+    options.bias = bias_tensor->view();
+  }
+  options.backend = Backend::kReference;
+  return scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
+}
+
+// Largest |got - expected| over two float32 tensors of the same shape.
+float max_difference(const Tensor& got, const Tensor& expected) {
+  EXPECT_EQ(got.shape(), expected.shape());
+  EXPECT_EQ(got.dtype(), DType::kFloat32);
+  if (got.shape() != expected.shape()) return INFINITY;
+  float worst = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    worst = std::max(worst, std::fabs(got.data_as<float>()[i] - expected.data_as<float>()[i]));
+  }
+  return worst;
+}
+
+// Outputs are weighted means of values in [-1, 1): float32 rounding differences between
+// backends stay far below this.
+constexpr float kTolerance = 1e-5f;
+
+// ---------------------------------------------------------------------------------------
+// Successful runs
+
+TEST_F(AttendCli, SdpaMatchesTheReferenceBackend) {
+  const RunResult result =
+      run({"sdpa", "--query", "Q.npy", "--key", "K.npy", "--value", "V.npy", "--out", "O.npy"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_EQ(result.err, "");
+  EXPECT_EQ(result.out, "wrote O.npy (2, 5, 3) float32\n");
+  const Tensor output = read_npy(path("O.npy"));
+  const AttentionResult expected = reference(directory_.string(), {});
+  EXPECT_LT(max_difference(output, expected.output), kTolerance);
+}
+
+TEST_F(AttendCli, SdpaWithMaskBiasCausalScaleAndWeights) {
+  const RunResult result =
+      run({"sdpa",      "--query", "Q.npy",  "--key", "K.npy",     "--value", "V.npy",
+           "--mask",    "M.npy",   "--bias", "B.npy", "--causal",  "--scale", "0.25",
+           "--threads", "2",       "--out",  "O.npy", "--weights", "W.npy"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_EQ(result.out, "wrote O.npy (2, 5, 3) float32 and W.npy (2, 5, 7) float32\n");
+  AttentionOptions options;
+  options.causal = true;
+  options.scale = 0.25;
+  options.need_weights = true;
+  const AttentionResult expected = reference(directory_.string(), options, "M.npy", "B.npy");
+  EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
+  EXPECT_LT(max_difference(read_npy(path("W.npy")), expected.weights), kTolerance);
+}
+
+TEST_F(AttendCli, DropoutWithSeedMatchesTheLibrary) {
+  const RunResult result =
+      run({"sdpa", "--query", "Q.npy", "--key", "K.npy", "--value", "V.npy", "--dropout", "0.5",
+           "--seed", "7", "--backend", "reference", "--out", "O.npy"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  AttentionOptions options;
+  options.dropout = 0.5;
+  options.seed = 7;
+  const AttentionResult expected = reference(directory_.string(), options);
+  EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
+}
+
+TEST_F(AttendCli, SeedWithoutDropoutIsAccepted) {
+  const RunResult result = run({"sdpa", "--query", "Q.npy", "--key", "K.npy", "--value", "V.npy",
+                                "--seed", "42", "--out", "O.npy"});
+  EXPECT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_TRUE(fs::exists(path("O.npy")));
+}
+
+TEST_F(AttendCli, Float16InputGivesFloat16Output) {
+  for (const char* name : {"Q.npy", "K.npy", "V.npy"}) {
+    const Tensor single = read_npy(path(name));
+    Tensor half(DType::kFloat16, single.shape());
+    convert(single.view(), half.view());
+    write(std::string("h") + name, half);
+  }
+  const RunResult result =
+      run({"sdpa", "--query", "hQ.npy", "--key", "hK.npy", "--value", "hV.npy", "--out", "O.npy"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_EQ(result.out, "wrote O.npy (2, 5, 3) float16\n");
+  const Tensor output = read_npy(path("O.npy"));
+  ASSERT_EQ(output.dtype(), DType::kFloat16);
+  Tensor output_single(DType::kFloat32, output.shape());
+  convert(output.view(), output_single.view());
+  // Inputs rounded to float16 (relative 2^-11) and the output rounded again: outputs of size
+  // up to 1 differ from the float32 result by a few 1e-3.
+  const AttentionResult expected = reference(directory_.string(), {});
+  EXPECT_LT(max_difference(output_single, expected.output), 4e-3f);
+}
+
+TEST_F(AttendCli, FortranOrderInputIsRead) {
+  // Q rewritten by hand in Fortran order: same logical values, different byte layout.
+  const Tensor q = read_npy(path("Q.npy"));
+  std::string dict = "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 5, 8), }";
+  while ((10 + dict.size() + 1) % 64 != 0) dict.push_back(' ');
+  dict.push_back('\n');
+  std::string image("\x93NUMPY\x01\x00", 8);
+  image.push_back(static_cast<char>(dict.size() & 0xFF));
+  image.push_back(static_cast<char>(dict.size() >> 8));
+  image += dict;
+  for (int e = 0; e < 8; ++e) {
+    for (int l = 0; l < 5; ++l) {
+      for (int b = 0; b < 2; ++b) {
+        const float value = q.data_as<float>()[(b * 5 + l) * 8 + e];
+        image.append(reinterpret_cast<const char*>(&value), 4);
+      }
+    }
+  }
+  std::ofstream(path("Qf.npy"), std::ios::binary) << image;
+  const RunResult result =
+      run({"sdpa", "--query", "Qf.npy", "--key", "K.npy", "--value", "V.npy", "--out", "O.npy"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  const AttentionResult expected = reference(directory_.string(), {});
+  EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
+}
+
+TEST_F(AttendCli, InfoListsTargetsAndVersionPrints) {
+  const RunResult info = run({"info"});
+  ASSERT_EQ(info.exit_status, 0) << info.err;
+  EXPECT_NE(info.out.find(std::string("attend ") + version()), std::string::npos) << info.out;
+  for (const std::string& target : compiled_simd_targets()) {
+    EXPECT_NE(info.out.find(target), std::string::npos) << target << " missing in " << info.out;
+  }
+  EXPECT_NE(info.out.find("SIMD target active:"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("default threads:"), std::string::npos) << info.out;
+
+  const RunResult version_run = run({"--version"});
+  EXPECT_EQ(version_run.exit_status, 0);
+  EXPECT_EQ(version_run.out, std::string("attend ") + version() + "\n");
+
+  const RunResult help = run({"sdpa", "--help"});
+  EXPECT_EQ(help.exit_status, 0);
+  EXPECT_NE(help.out.find("--query"), std::string::npos) << help.out;
+  EXPECT_EQ(help.err, "");
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input: exit 2, one error line, no output written
+
+struct BadCase {
+  const char* label;
+  std::vector<std::string> extra_arguments;  // after --query/--key/--value/--out O.npy
+  const char* phrase;                        // expected in the error line
+};
+
+class AttendCliBadInput : public AttendCli {
+ protected:
+  // Runs sdpa with Q/K/V and --out O.npy plus `extra`, and checks it failed cleanly. When
+  // `existing_output` is set, O.npy (and W.npy) exist before and must stay byte-identical.
+  void expect_clean_failure(const BadCase& bad, bool existing_output) {
+    SCOPED_TRACE(bad.label);
+    const std::string old_contents = "previous output, must survive";
+    if (existing_output) {
+      std::ofstream(path("O.npy"), std::ios::binary) << old_contents;
+      std::ofstream(path("W.npy"), std::ios::binary) << old_contents;
+    }
+    const std::vector<std::string> files_before = listing();
+    std::vector<std::string> arguments = {"sdpa",    "--query", "Q.npy", "--key", "K.npy",
+                                          "--value", "V.npy",   "--out", "O.npy"};
+    arguments.insert(arguments.end(), bad.extra_arguments.begin(), bad.extra_arguments.end());
+    expect_error(run(arguments), bad.phrase);
+    EXPECT_EQ(listing(), files_before) << "a file was created or removed";
+    if (existing_output) {
+      EXPECT_EQ(read_bytes(path("O.npy")), old_contents);
+      EXPECT_EQ(read_bytes(path("W.npy")), old_contents);
+      fs::remove(path("O.npy"));
+      fs::remove(path("W.npy"));
+    }
+  }
+};
+
+TEST_F(AttendCliBadInput, EveryBadInputFailsCleanly) {
+  // Malformed inputs used below.
+  {
+    std::ofstream(path("garbage.npy"), std::ios::binary) << "this is not numpy";
+    const std::string good = read_bytes(path("Q.npy"));
+    std::ofstream(path("truncated.npy"), std::ios::binary) << good.substr(0, good.size() - 10);
+    Tensor float_mask(DType::kFloat32, Shape({5, 7}));
+    for (int64_t i = 0; i < float_mask.numel(); ++i) float_mask.data_as<float>()[i] = 1.0f;
+    write("float_mask.npy", float_mask);
+    write("wide_mask.npy", Tensor::zeros(DType::kBool, Shape({5, 6})));
+    write("int_q.npy", Tensor::zeros(DType::kInt32, Shape({2, 5, 8})));
+    write("short_k.npy", filled(Shape({2, 7, 4}), 9));
+  }
+  const std::vector<BadCase> cases = {
+      {"missing file", {"--mask", "nothere.npy"}, "nothere.npy: cannot open"},
+      {"directory as input", {"--bias", "."}, "directory"},
+      {"not a .npy file", {"--mask", "garbage.npy"}, "bad magic"},
+      {"truncated .npy", {"--bias", "truncated.npy"}, "truncated data"},
+      {"float mask", {"--mask", "float_mask.npy"}, "--bias"},
+      {"mask not broadcastable", {"--mask", "wide_mask.npy"}, "does not broadcast"},
+      {"integer bias", {"--bias", "int_q.npy"}, "dtype int32"},
+      {"repeated option", {"--key", "K.npy"}, "--key"},
+      {"bias not broadcastable", {"--bias", "short_k.npy"}, "does not broadcast"},
+      {"dropout 1", {"--dropout", "1"}, "--dropout"},
+      {"dropout negative", {"--dropout", "-0.1"}, "--dropout"},
+      {"dropout nan", {"--dropout", "nan"}, "--dropout"},
+      {"scale text", {"--scale", "abc"}, "--scale"},
+      {"scale inf", {"--scale", "inf"}, "finite"},
+      {"scale nan", {"--scale", "nan"}, "finite"},
+      {"scale with suffix", {"--scale", "0.5x"}, "not a number"},
+      {"scale empty", {"--scale", ""}, "not a number"},
+      {"mask empty", {"--mask", ""}, "--mask"},
+      {"threads 0", {"--threads", "0"}, "--threads"},
+      {"threads negative", {"--threads", "-2"}, "--threads"},
+      {"threads text", {"--threads", "many"}, "--threads"},
+      {"seed negative", {"--seed", "-1"}, "--seed"},
+      {"backend unknown", {"--backend", "gpu"}, "--backend"},
+      {"unknown option", {"--frobnicate"}, "--frobnicate"},
+      {"option without value", {"--scale"}, "--scale"},
+      {"weights directory missing", {"--weights", "nodir/W.npy"}, "does not exist"},
+      {"weights same as out", {"--weights", "./O.npy"}, "same file"},
+      {"weights is a directory", {"--weights", "."}, "directory"},
+  };
+  for (const BadCase& bad : cases) {
+    expect_clean_failure(bad, /*existing_output=*/false);
+    expect_clean_failure(bad, /*existing_output=*/true);
+  }
+}
+
+TEST_F(AttendCliBadInput, WrongQueryDtypeAndShapeFailCleanly) {
+  write("int_q.npy", Tensor::zeros(DType::kInt32, Shape({2, 5, 8})));
+  write("vector.npy", filled(Shape({8}), 5));
+  write("narrow_q.npy", filled(Shape({2, 5, 4}), 6));
+  write("other_batch_q.npy", filled(Shape({3, 5, 8}), 7));
+  for (const auto& [query, phrase] :
+       {std::pair{"int_q.npy", "dtype int32"}, std::pair{"vector.npy", "(8,)"},
+        std::pair{"narrow_q.npy", "last dimension"}, std::pair{"other_batch_q.npy", "batch"}}) {
+    SCOPED_TRACE(query);
+    std::ofstream(path("O.npy"), std::ios::binary) << "old";
+    expect_error(
+        run({"sdpa", "--query", query, "--key", "K.npy", "--value", "V.npy", "--out", "O.npy"}),
+        phrase);
+    EXPECT_EQ(read_bytes(path("O.npy")), "old");
+  }
+}
+
+TEST_F(AttendCliBadInput, MissingOutputDirectoryAndRequiredOptions) {
+  expect_error(
+      run({"sdpa", "--query", "Q.npy", "--key", "K.npy", "--value", "V.npy", "--out", "out/O.npy"}),
+      "directory 'out' does not exist");
+  expect_error(run({"sdpa", "--query", "Q.npy", "--key", "K.npy", "--value", "V.npy"}),
+               "--out is required");
+  expect_error(run({"sdpa", "--key", "K.npy", "--value", "V.npy", "--out", "O.npy"}),
+               "--query is required");
+  expect_error(run({}), "subcommand is required");
+  expect_error(run({"frobnicate"}), "unknown subcommand 'frobnicate'");
+  const std::vector<std::string> inputs = {"B.npy", "K.npy", "M.npy", "Q.npy", "V.npy"};
+  EXPECT_EQ(listing(), inputs);
+}
+
+// ---------------------------------------------------------------------------------------
+// In-process entry point (what fuzzers call)
+
+TEST(AttendCliInProcess, ReturnsTwoOnBadArgumentsAndNeverThrows) {
+  // No arguments at all, even without argv[0]: an error, not a crash.
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(attend_cli_main(0, nullptr), 2);
+  EXPECT_EQ(testing::internal::GetCapturedStderr().rfind("error: a subcommand is required", 0), 0u);
+  std::vector<std::string> words = {"attend", "sdpa", "--scale"};
+  std::vector<char*> argv;
+  for (std::string& word : words) argv.push_back(word.data());
+  argv.push_back(nullptr);
+  EXPECT_EQ(attend_cli_main(static_cast<int>(words.size()), argv.data()), 2);
+  std::vector<std::string> info_words = {"attend", "info"};
+  std::vector<char*> info_argv = {info_words[0].data(), info_words[1].data(), nullptr};
+  EXPECT_EQ(attend_cli_main(2, info_argv.data()), 0);
+}
+
+}  // namespace
+}  // namespace attend

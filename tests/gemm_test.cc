@@ -1,0 +1,136 @@
+// gemm_test: the Highway projection GEMM against a float64 naive product, on every SIMD
+// target this machine supports, and bitwise independence from the thread count.
+#include "kernels/gemm.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attend/runtime.hpp"
+
+namespace attend::detail {
+namespace {
+
+struct Problem {
+  int64_t rows, columns, depth;
+  bool bias;
+};
+
+// Deterministic values in [-1, 1).
+std::vector<float> pseudo_random(size_t count, uint64_t seed) {
+  std::vector<float> values(count);
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (float& v : values) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<float>(static_cast<double>(state >> 40) / double(1 << 23) - 1.0);
+  }
+  return values;
+}
+
+// Runs linear() on `problem` with padded row strides (to test strides) and compares with a
+// float64 naive product. Error model: |got - exact| <= (K + 2)·u·(|bias| + Σ|a||b|), u = 2^-24.
+void check_against_naive(const Problem& problem, int num_threads, const std::string& target) {
+  const int64_t M = problem.rows, N = problem.columns, K = problem.depth;
+  const int64_t input_stride = K + 3, weight_stride = K + 1, output_stride = N + 5;
+  const auto input = pseudo_random(static_cast<size_t>(M * input_stride), 1);
+  const auto weight = pseudo_random(static_cast<size_t>(N * weight_stride), 2);
+  const auto bias = pseudo_random(static_cast<size_t>(N), 3);
+  const float sentinel = 12345.0f;
+  std::vector<float> output(static_cast<size_t>(M * output_stride), sentinel);
+
+  LinearParams p;
+  p.rows = M;
+  p.columns = N;
+  p.depth = K;
+  p.input = input.data();
+  p.input_row_stride = input_stride;
+  p.weight = weight.data();
+  p.weight_row_stride = weight_stride;
+  p.bias = problem.bias ? bias.data() : nullptr;
+  p.output = output.data();
+  p.output_row_stride = output_stride;
+  p.num_threads = num_threads;
+  linear(p);
+
+  const double unit_roundoff = std::ldexp(1.0, -24);
+  double worst_ratio = 0;
+  std::string worst;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < output_stride; ++j) {
+      const float got = output[static_cast<size_t>(i * output_stride + j)];
+      if (j >= N) {  // padding between rows must be untouched
+        ASSERT_EQ(got, sentinel) << "wrote past column " << N << " in row " << i;
+        continue;
+      }
+      double exact = problem.bias ? bias[static_cast<size_t>(j)] : 0.0;
+      double magnitude = std::abs(exact);
+      for (int64_t k = 0; k < K; ++k) {
+        const double product = double{input[static_cast<size_t>(i * input_stride + k)]} *
+                               double{weight[static_cast<size_t>(j * weight_stride + k)]};
+        exact += product;
+        magnitude += std::abs(product);
+      }
+      const double tolerance = static_cast<double>(K + 2) * unit_roundoff * magnitude;
+      const double ratio = std::abs(got - exact) / std::max(tolerance, 1e-30);
+      if (ratio > worst_ratio) {
+        worst_ratio = ratio;
+        std::ostringstream message;
+        message << "(" << i << ", " << j << ") got " << got << " expected " << exact
+                << " tolerance " << tolerance;
+        worst = message.str();
+      }
+    }
+  }
+  EXPECT_LE(worst_ratio, 1.0) << "target " << target << ", M=" << M << " N=" << N << " K=" << K
+                              << ", worst element " << worst;
+}
+
+const Problem kProblems[] = {
+    {1, 1, 1, true},    {5, 7, 3, true},       {6, 32, 16, false}, {13, 33, 17, true},
+    {97, 65, 40, true}, {100, 48, 129, false}, {7, 200, 1, true},  {3, 5, 0, true},
+    {0, 5, 4, true},    {200, 96, 64, true},
+};
+
+class GemmEveryTarget : public ::testing::TestWithParam<std::string> {
+ protected:
+  void TearDown() override { set_max_simd_target(""); }
+};
+
+TEST_P(GemmEveryTarget, MatchesFloat64Product) {
+  set_max_simd_target(GetParam());
+  ASSERT_EQ(active_simd_target(), GetParam());
+  for (const Problem& problem : kProblems) check_against_naive(problem, 2, GetParam());
+}
+
+TEST_P(GemmEveryTarget, ResultDoesNotDependOnThreadCount) {
+  set_max_simd_target(GetParam());
+  const int64_t M = 301, N = 131, K = 77;
+  const auto input = pseudo_random(static_cast<size_t>(M * K), 4);
+  const auto weight = pseudo_random(static_cast<size_t>(N * K), 5);
+  const auto bias = pseudo_random(static_cast<size_t>(N), 6);
+  std::vector<float> first;
+  for (int threads : {1, 2, 3, 7}) {
+    std::vector<float> output(static_cast<size_t>(M * N));
+    LinearParams p{M, N,      K, input.data(), K, weight.data(), K, bias.data(), output.data(),
+                   N, threads};
+    linear(p);
+    if (first.empty()) {
+      first = output;
+      continue;
+    }
+    for (size_t i = 0; i < output.size(); ++i) {
+      ASSERT_EQ(output[i], first[i]) << "element " << i << " with " << threads << " threads";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SupportedTargets, GemmEveryTarget,
+                         ::testing::ValuesIn(supported_simd_targets()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace attend::detail

@@ -1,0 +1,317 @@
+// bench_command.cpp: `attend bench [--json] [--threads T] [--case NAME]... [--repetitions R]
+// [--min-time S]`.
+//
+// Measures the FMA peak first (src/bench/fma_peak.hpp), then runs each case of the table
+// (src/bench/cases.hpp): one warm-up call, R repetitions each repeating the call for at least
+// S seconds, the median time per call. FLOPs come from attend::attention_flops only. Progress
+// goes to stderr; the table (or one JSON object per case and line, with --json) to stdout.
+#include "bench_command.hpp"
+
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "attend/runtime.hpp"
+#include "attend/sdpa.hpp"
+#include "bench/cases.hpp"
+#include "bench/fma_peak.hpp"
+#include "bench/measure.hpp"
+
+namespace attend::cli {
+namespace {
+
+using bench::BenchCase;
+using bench::TargetKind;
+
+constexpr uint64_t kMaxThreads = 1 << 16;
+constexpr uint64_t kMaxRepetitions = 1000;
+constexpr double kMaxMinTime = 3600;
+
+struct BenchArguments {
+  bool json = false;
+  std::string threads_text;
+  std::vector<std::string> case_names;
+  std::string repetitions_text = "5";
+  std::string min_time_text = "0.2";
+};
+
+struct BenchSettings {
+  bool json = false;
+  int threads = 1;
+  int repetitions = 5;
+  double min_seconds = 0.2;
+  std::vector<const BenchCase*> cases;
+};
+
+// What one case measured.
+struct CaseResult {
+  const BenchCase* bench_case = nullptr;
+  int threads = 1;
+  bench::RepeatedTiming timing;
+  double gflops = 0;
+  double peak_gflops = 0;
+  double pct_peak = 0;
+  double gbps = 0;             // decode: K/V bytes read per second
+  double weights_ratio = 0;    // unet-weights: time / (time without weights + write time)
+  double baseline_us = 0;      // unet-weights: the same problem without weights
+  double write_us = 0;         // unet-weights: memset of the weights' bytes
+  int64_t peak_rss_bytes = 0;  // unet: process peak RSS after the case (inputs included)
+  double target_measure = 0;   // the figure the target is about
+};
+
+BenchSettings parse_settings(const BenchArguments& arguments) {
+  BenchSettings settings;
+  settings.json = arguments.json;
+  settings.threads =
+      arguments.threads_text.empty()
+          ? default_num_threads()
+          : static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
+  settings.repetitions = static_cast<int>(
+      parse_integer("--repetitions", arguments.repetitions_text, 1, kMaxRepetitions));
+  settings.min_seconds = parse_number("--min-time", arguments.min_time_text);
+  if (!(settings.min_seconds >= 0 && settings.min_seconds <= kMaxMinTime)) {
+    throw Error("--min-time must be in [0, 3600] seconds, got '" + arguments.min_time_text + "'");
+  }
+  // Every name is checked before anything is measured.
+  if (arguments.case_names.empty()) {
+    for (const BenchCase& c : bench::bench_cases()) settings.cases.push_back(&c);
+  }
+  for (const std::string& name : arguments.case_names) {
+    const BenchCase* found = bench::find_bench_case(name);
+    if (found == nullptr) {
+      throw Error("unknown case '" + name + "' (known: " + bench::known_case_names() + ")");
+    }
+    settings.cases.push_back(found);
+  }
+  return settings;
+}
+
+// The FMA peak at a thread count, measured once per count and printed when first measured.
+class PeakTable {
+ public:
+  const bench::FmaPeak& at(int threads) {
+    auto found = peaks_.find(threads);
+    if (found != peaks_.end()) return found->second;
+    const bench::FmaPeak peak = bench::measure_fma_peak(threads);
+    std::fprintf(stderr, "FMA peak: %.0f GFLOP/s (%s, %d thread%s)\n", peak.gflops,
+                 peak.target.c_str(), threads, threads == 1 ? "" : "s");
+    return peaks_.emplace(threads, peak).first->second;
+  }
+
+  const std::map<int, bench::FmaPeak>& measured() const { return peaks_; }
+
+ private:
+  std::map<int, bench::FmaPeak> peaks_;
+};
+
+// Median seconds per call of one problem on `threads` threads.
+bench::RepeatedTiming time_problem(const bench::AttentionShape& shape, bool need_weights,
+                                   int threads, const BenchSettings& settings) {
+  bench::CaseTensors tensors = bench::make_case_tensors(shape, need_weights);
+  return bench::time_repeated(
+      [&] { bench::run_attention(tensors, shape, threads, Backend::kAuto); }, settings.repetitions,
+      settings.min_seconds);
+}
+
+// Identifies a timed problem, so that a case can reuse another one's time.
+std::string problem_key(const bench::AttentionShape& s, bool need_weights, int threads) {
+  char key[160];
+  std::snprintf(key, sizeof(key), "%lld,%lld,%lld,%lld,%lld,%d,%d,%d",
+                static_cast<long long>(s.batch), static_cast<long long>(s.heads),
+                static_cast<long long>(s.query_len), static_cast<long long>(s.key_len),
+                static_cast<long long>(s.head_dim), s.causal ? 1 : 0, need_weights ? 1 : 0,
+                threads);
+  return key;
+}
+
+CaseResult run_case(const BenchCase& c, const BenchSettings& settings, PeakTable& peaks,
+                    std::map<std::string, double>& seconds_by_problem) {
+  CaseResult result;
+  result.bench_case = &c;
+  result.threads = c.single_thread ? 1 : settings.threads;
+  result.peak_gflops = peaks.at(result.threads).gflops;
+  result.timing = time_problem(c.shape, c.need_weights, result.threads, settings);
+  const double seconds = result.timing.median_seconds;
+  seconds_by_problem[problem_key(c.shape, c.need_weights, result.threads)] = seconds;
+  result.gflops = c.shape.flops() / seconds / 1e9;
+  result.pct_peak = 100.0 * result.gflops / result.peak_gflops;
+  result.gbps = c.shape.key_value_bytes() / seconds / 1e9;
+  if (c.need_weights) {
+    // The same problem without weights (reused when that case already ran), plus the time
+    // to stream the weights' bytes to memory: what returning the weights costs at the least.
+    const auto measured = seconds_by_problem.find(problem_key(c.shape, false, result.threads));
+    double baseline_seconds = 0;
+    if (measured != seconds_by_problem.end()) {
+      baseline_seconds = measured->second;
+    } else {
+      std::fprintf(stderr, "      %s without weights ...\n", c.name.c_str());
+      baseline_seconds = time_problem(c.shape, false, result.threads, settings).median_seconds;
+    }
+    const double write_seconds =
+        bench::measure_write_seconds(static_cast<int64_t>(c.shape.weights_bytes()), result.threads);
+    result.baseline_us = baseline_seconds * 1e6;
+    result.write_us = write_seconds * 1e6;
+    result.weights_ratio = seconds / (baseline_seconds + write_seconds);
+  }
+  if (c.name == "unet") result.peak_rss_bytes = bench::peak_rss_bytes();
+  switch (c.target.kind) {
+    case TargetKind::kMaxMicroseconds:
+      result.target_measure = seconds * 1e6;
+      break;
+    case TargetKind::kMinGflops:
+      result.target_measure = result.gflops;
+      break;
+    case TargetKind::kMinGbps:
+      result.target_measure = result.gbps;
+      break;
+    case TargetKind::kMaxWeightsRatio:
+      result.target_measure = result.weights_ratio;
+      break;
+    case TargetKind::kNone:
+      break;
+  }
+  return result;
+}
+
+nlohmann::json to_json(const CaseResult& r, const std::string& simd_target,
+                       const BenchSettings& settings) {
+  const BenchCase& c = *r.bench_case;
+  nlohmann::json line = {
+      {"case", c.name},
+      {"B", c.shape.batch},
+      {"H", c.shape.heads},
+      {"Lq", c.shape.query_len},
+      {"Lk", c.shape.key_len},
+      {"E", c.shape.head_dim},
+      {"causal", c.shape.causal},
+      {"need_weights", c.need_weights},
+      {"threads", r.threads},
+      {"repetitions", settings.repetitions},
+      {"calls_per_repetition", r.timing.calls_per_repetition},
+      {"median_us", r.timing.median_seconds * 1e6},
+      {"best_us", r.timing.best_seconds * 1e6},
+      {"flops", c.shape.flops()},
+      {"gflops", r.gflops},
+      {"peak_gflops", r.peak_gflops},
+      {"pct_peak", r.pct_peak},
+      {"simd_target", simd_target},
+      {"target", bench::describe_target(c.target)},
+      {"target_met", bench::target_met(c.target, r.target_measure)},
+  };
+  if (c.target.kind == TargetKind::kMinGbps) line["gbps"] = r.gbps;
+  if (c.need_weights) {
+    line["weights_ratio"] = r.weights_ratio;
+    line["baseline_us"] = r.baseline_us;
+    line["write_us"] = r.write_us;
+  }
+  if (r.peak_rss_bytes > 0) line["peak_rss_bytes"] = r.peak_rss_bytes;
+  return line;
+}
+
+std::string format_time(double seconds) {
+  char text[32];
+  if (seconds < 1e-3) {
+    std::snprintf(text, sizeof(text), "%.2f us", seconds * 1e6);
+  } else if (seconds < 1) {
+    std::snprintf(text, sizeof(text), "%.2f ms", seconds * 1e3);
+  } else {
+    std::snprintf(text, sizeof(text), "%.3f s", seconds);
+  }
+  return text;
+}
+
+void print_table(const std::vector<CaseResult>& results, const PeakTable& peaks) {
+  std::printf("%-13s %2s %3s %5s %5s %4s %-6s %3s %11s %8s %6s  %-24s %-16s %s\n", "case", "B", "H",
+              "Lq", "Lk", "E", "causal", "thr", "median", "GFLOP/s", "%peak", "also", "target",
+              "result");
+  for (const CaseResult& r : results) {
+    const BenchCase& c = *r.bench_case;
+    char also[64] = "";
+    if (c.target.kind == TargetKind::kMinGbps) {
+      std::snprintf(also, sizeof(also), "%.1f GB/s", r.gbps);
+    } else if (c.need_weights) {
+      std::snprintf(also, sizeof(also), "%.2fx (unet+write)", r.weights_ratio);
+    } else if (r.peak_rss_bytes > 0) {
+      std::snprintf(also, sizeof(also), "peak RSS %.0f MiB",
+                    static_cast<double>(r.peak_rss_bytes) / (1 << 20));
+    }
+    const bool met = bench::target_met(c.target, r.target_measure);
+    std::printf("%-13s %2lld %3lld %5lld %5lld %4lld %-6s %3d %11s %8.1f %6.1f  %-24s %-16s %s\n",
+                c.name.c_str(), static_cast<long long>(c.shape.batch),
+                static_cast<long long>(c.shape.heads), static_cast<long long>(c.shape.query_len),
+                static_cast<long long>(c.shape.key_len), static_cast<long long>(c.shape.head_dim),
+                c.shape.causal ? "yes" : "no", r.threads,
+                format_time(r.timing.median_seconds).c_str(), r.gflops, r.pct_peak, also,
+                bench::describe_target(c.target).c_str(),
+                c.target.kind == TargetKind::kNone ? "-" : (met ? "met" : "MISSED"));
+  }
+  for (const auto& [threads, peak] : peaks.measured()) {
+    std::printf("FMA peak: %.0f GFLOP/s (%s, %d thread%s)\n", peak.gflops, peak.target.c_str(),
+                threads, threads == 1 ? "" : "s");
+  }
+  std::printf(
+      "FLOPs: attend::attention_flops (4*B*H*Lq*Lk*E, halved when causal); %%peak: of the FMA "
+      "peak at the case's thread count. unet peak RSS includes the inputs.\n");
+}
+
+void run_bench(const BenchArguments& arguments) {
+  const BenchSettings settings = parse_settings(arguments);
+  const std::string simd_target = active_simd_target();
+  if (!settings.json) {
+    std::printf(
+        "attend bench: %zu case(s), %d thread(s), SIMD target %s, median of %d "
+        "repetition(s) of >= %g s\n",
+        settings.cases.size(), settings.threads, simd_target.c_str(), settings.repetitions,
+        settings.min_seconds);
+    std::fflush(stdout);
+  }
+  PeakTable peaks;
+  bool any_implemented = false;
+  for (const BenchCase* c : settings.cases) any_implemented = any_implemented || c->implemented;
+  if (any_implemented) (void)peaks.at(settings.threads);  // printed first, before any case
+  std::vector<CaseResult> results;
+  std::map<std::string, double> seconds_by_problem;
+  const size_t count = settings.cases.size();
+  for (size_t i = 0; i < count; ++i) {
+    const BenchCase& c = *settings.cases[i];
+    if (!c.implemented) {
+      std::fprintf(stderr, "[%zu/%zu] %s: not implemented yet, skipped\n", i + 1, count,
+                   c.name.c_str());
+      continue;
+    }
+    std::fprintf(stderr, "[%zu/%zu] %s ...\n", i + 1, count, c.name.c_str());
+    results.push_back(run_case(c, settings, peaks, seconds_by_problem));
+    if (settings.json) {
+      std::cout << to_json(results.back(), simd_target, settings).dump() << '\n' << std::flush;
+    }
+  }
+  if (!settings.json && !results.empty()) print_table(results, peaks);
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& app) {
+  auto arguments = std::make_shared<BenchArguments>();
+  CLI::App* command = app.add_subcommand(
+      "bench", "Time the named attention cases (median of repetitions) against their targets");
+  command->add_flag("--json", arguments->json, "one JSON object per case and line on stdout");
+  command->add_option("--threads", arguments->threads_text,
+                      "threads for the multi-threaded cases, >= 1 (default: all)");
+  command
+      ->add_option("--case", arguments->case_names,
+                   "case(s) to run (default: all): " + bench::known_case_names())
+      ->delimiter(',');
+  command->add_option("--repetitions", arguments->repetitions_text,
+                      "timed repetitions per case, the median is reported (default 5)");
+  command->add_option("--min-time", arguments->min_time_text,
+                      "seconds each repetition lasts at least (default 0.2)");
+  return {command, [arguments] { run_bench(*arguments); }};
+}
+
+}  // namespace attend::cli

@@ -1,0 +1,167 @@
+// sdpa_command.cpp: `attend sdpa --query Q.npy --key K.npy --value V.npy --out O.npy ...`.
+//
+// Reads every input, checks every option and computes the result before writing anything;
+// the outputs are then written all-or-nothing (cli_common.hpp), so a failed run leaves
+// existing files untouched.
+#include "sdpa_command.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "attend/error.hpp"
+#include "attend/sdpa.hpp"
+
+namespace attend::cli {
+namespace {
+
+// Far above any core count; keeps the value an int.
+constexpr uint64_t kMaxThreads = 1 << 16;
+
+struct SdpaArguments {
+  std::string query_path, key_path, value_path;
+  std::string mask_path, bias_path;
+  std::string output_path, weights_path;
+  bool causal = false;
+  std::string scale_text;
+  std::string dropout_text;
+  std::string seed_text;
+  bool zero_masked_rows = false;
+  std::string threads_text;
+  std::string backend = "auto";
+};
+
+// Q, K, V and the bias: the dtypes a .npy file can carry that the library computes in.
+void check_float_input(const std::string& option, const std::string& path, const Tensor& t) {
+  if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kFloat16) {
+    throw Error(option + " " + path + ": dtype " + dtype_name(t.dtype()) +
+                " is not supported (float32 or float16; convert with arr.astype(np.float32))");
+  }
+}
+
+void check_mask_input(const std::string& path, const Tensor& mask) {
+  if (is_floating(mask.dtype())) {
+    throw Error("--mask " + path + ": dtype " + dtype_name(mask.dtype()) +
+                " is floating point; a mask must be bool or integer (zero excludes). For an "
+                "additive float mask (0 keeps, -inf drops) use --bias instead");
+  }
+}
+
+Backend parse_backend(const std::string& name) {
+  if (name == "fused") return Backend::kFused;
+  if (name == "reference") return Backend::kReference;
+  return Backend::kAuto;
+}
+
+// `sdpa` is the subcommand, asked which options were given (an empty value still counts).
+void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
+  const auto given = [&](const char* option) { return sdpa.count(option) > 0; };
+  // 1. Options that need no file.
+  AttentionOptions options;
+  options.causal = arguments.causal;
+  if (given("--scale")) {
+    const double scale = parse_number("--scale", arguments.scale_text);
+    if (!std::isfinite(scale)) {
+      throw Error("--scale must be a finite number, got '" + arguments.scale_text + "'");
+    }
+    options.scale = scale;
+  }
+  if (given("--dropout")) {
+    options.dropout = parse_number("--dropout", arguments.dropout_text);
+    if (!(options.dropout >= 0.0 && options.dropout < 1.0)) {
+      throw Error("--dropout must be in [0, 1), got '" + arguments.dropout_text + "'");
+    }
+  }
+  if (given("--seed")) {
+    options.seed = parse_integer("--seed", arguments.seed_text, 0, UINT64_MAX);
+  }
+  options.fully_masked_rows =
+      arguments.zero_masked_rows ? FullyMaskedRows::kZero : FullyMaskedRows::kUniform;
+  if (given("--threads")) {
+    options.num_threads =
+        static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
+  }
+  options.backend = parse_backend(arguments.backend);
+  options.need_weights = given("--weights");
+  check_output_path("--out", arguments.output_path);
+  if (options.need_weights) check_output_path("--weights", arguments.weights_path);
+
+  // 2. Inputs.
+  const Tensor query = read_input("--query", arguments.query_path);
+  const Tensor key = read_input("--key", arguments.key_path);
+  const Tensor value = read_input("--value", arguments.value_path);
+  check_float_input("--query", arguments.query_path, query);
+  check_float_input("--key", arguments.key_path, key);
+  check_float_input("--value", arguments.value_path, value);
+  std::optional<Tensor> mask, bias;
+  if (given("--mask")) {
+    mask = read_input("--mask", arguments.mask_path);
+    check_mask_input(arguments.mask_path, *mask);
+    options.mask = mask->view();
+  }
+  if (given("--bias")) {
+    bias = read_input("--bias", arguments.bias_path);
+    check_float_input("--bias", arguments.bias_path, *bias);
+    options.bias = bias->view();
+  }
+
+  // 3. The attention itself; it validates shapes and throws before computing anything.
+  const AttentionResult result =
+      scaled_dot_product_attention(query.view(), key.view(), value.view(), options);
+
+  // 4. Outputs, all or nothing.
+  std::vector<OutputFile> outputs = {{"--out", arguments.output_path, result.output.view()}};
+  if (options.need_weights) {
+    outputs.push_back({"--weights", arguments.weights_path, result.weights.view()});
+  }
+  write_outputs(outputs);
+  std::string summary = "wrote " + describe(arguments.output_path, result.output.view());
+  if (options.need_weights) {
+    summary += " and " + describe(arguments.weights_path, result.weights.view());
+  }
+  std::cout << summary << '\n';
+}
+
+}  // namespace
+
+Command add_sdpa_command(CLI::App& app) {
+  auto arguments = std::make_shared<SdpaArguments>();
+  CLI::App* sdpa = app.add_subcommand(
+      "sdpa", "Scaled dot-product attention: softmax(Q·Kᵀ·scale + bias, masked)·V on .npy files");
+  // Paths, numbers and names are taken as text and checked by run_sdpa, so that every bad
+  // value gets the same kind of message.
+  const auto file_option = [&](const char* name, std::string& target, const char* help) {
+    return sdpa->add_option(name, target, help)->type_name("FILE");
+  };
+  file_option("--query", arguments->query_path, "Q (..., Lq, E), float32 or float16")->required();
+  file_option("--key", arguments->key_path, "K (..., Lk, E), same dtype as Q")->required();
+  file_option("--value", arguments->value_path, "V (..., Lk, Ev), same dtype as Q")->required();
+  file_option("--mask", arguments->mask_path,
+              "bool or integer, broadcastable to (..., Lq, Lk); zero excludes a key");
+  file_option("--bias", arguments->bias_path,
+              "float32 or float16, broadcastable to (..., Lq, Lk); added to the scores");
+  sdpa->add_flag("--causal", arguments->causal, "query i sees key j only when j <= i + Lk - Lq");
+  sdpa->add_option("--scale", arguments->scale_text, "multiplies Q·Kᵀ (default 1/sqrt(E))")
+      ->type_name("FLOAT");
+  sdpa->add_option("--dropout", arguments->dropout_text, "dropout probability in [0, 1)")
+      ->type_name("FLOAT");
+  sdpa->add_option("--seed", arguments->seed_text, "dropout seed (Philox), default 0")
+      ->type_name("INT");
+  sdpa->add_flag("--zero-masked-rows", arguments->zero_masked_rows,
+                 "a fully masked query row gives zeros (default: uniform weights, as the "
+                 "listing)");
+  sdpa->add_option("--threads", arguments->threads_text, "threads to use, >= 1 (default: all)")
+      ->type_name("INT");
+  sdpa->add_option("--backend", arguments->backend, "auto, fused or reference (default auto)")
+      ->type_name("NAME")
+      ->check(CLI::IsMember({"auto", "fused", "reference"}));
+  file_option("--out", arguments->output_path, "output (..., Lq, Ev), dtype of Q")->required();
+  file_option("--weights", arguments->weights_path,
+              "also write the attention weights (..., Lq, Lk), float32");
+  return {sdpa, [arguments, sdpa] { run_sdpa(*arguments, *sdpa); }};
+}
+
+}  // namespace attend::cli
