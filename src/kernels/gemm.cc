@@ -143,12 +143,74 @@ constexpr MicroKernelFn kMicroKernels[kMicroRows + 1] = {
     nullptr,        MicroKernel<1>, MicroKernel<2>, MicroKernel<3>,
     MicroKernel<4>, MicroKernel<5>, MicroKernel<6>};
 
+// Few rows (a phrase, a decoding step): packing the weight would cost more than the product,
+// so each output is a dot product of an input row with a weight row, both read in place:
+// blocks of 4 weight rows × R input rows (4·R accumulators, lanes along K, then one
+// horizontal sum per output), so each weight vector loaded serves R rows.
+//   output[m][n] = bias[n] + Σ_k input[m][k]·weight[n][k]
+template <int R>
+HWY_INLINE void FewRowsBlock(const LinearParams& p, int64_t m0, int64_t n0) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t count = std::min<int64_t>(4, p.columns - n0);
+  const float* w[4];
+  for (int64_t c = 0; c < 4; ++c) {
+    w[c] = p.weight + std::min(n0 + c, p.columns - 1) * p.weight_row_stride;
+  }
+  const float* x[R];
+  for (int r = 0; r < R; ++r) x[r] = p.input + (m0 + r) * p.input_row_stride;
+  hn::Vec<decltype(d)> acc[R][4];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < 4; ++c) acc[r][c] = hn::Zero(d);
+  }
+  int64_t k = 0;
+  for (; k + lanes <= p.depth; k += lanes) {
+    hn::Vec<decltype(d)> wv[4];
+    for (int c = 0; c < 4; ++c) wv[c] = hn::LoadU(d, w[c] + k);
+    for (int r = 0; r < R; ++r) {
+      const auto xv = hn::LoadU(d, x[r] + k);
+      for (int c = 0; c < 4; ++c) acc[r][c] = hn::MulAdd(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float sums[4];
+    for (int c = 0; c < 4; ++c) sums[c] = hn::GetLane(hn::SumOfLanes(d, acc[r][c]));
+    for (int64_t kk = k; kk < p.depth; ++kk) {
+      for (int c = 0; c < 4; ++c) sums[c] += x[r][kk] * w[c][kk];
+    }
+    float* out = p.output + (m0 + r) * p.output_row_stride + n0;
+    for (int64_t c = 0; c < count; ++c) out[c] = sums[c] + (p.bias ? p.bias[n0 + c] : 0.0f);
+  }
+}
+
+void FewRowsLinear(const LinearParams& p, int threads) {
+  const int64_t column_groups = (p.columns + 3) / 4;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t group = 0; group < column_groups; ++group) {
+    int64_t m0 = 0;
+    for (; m0 + 4 <= p.rows; m0 += 4) FewRowsBlock<4>(p, m0, group * 4);
+    for (; m0 < p.rows; ++m0) FewRowsBlock<1>(p, m0, group * 4);
+  }
+}
+
+// Rows up to which FewRowsLinear beats packing (the packed micro-kernel's 6-row block would
+// be mostly empty).
+constexpr int64_t kFewRows = 8;
+
 void LinearImpl(const LinearParams& p) {
+  if (p.rows == 0 || p.columns == 0) return;
+  // Small products are not worth waking threads for (a few microseconds with idle cores,
+  // milliseconds on a loaded machine); the result is the same either way. 2^21 multiply-adds
+  // take about 10 us on one AVX-512 core.
+  const double multiply_adds =
+      static_cast<double>(p.rows) * static_cast<double>(p.columns) * static_cast<double>(p.depth);
+  const int threads = multiply_adds < (1 << 21) ? 1 : p.num_threads;
+  if (p.rows <= kFewRows) return FewRowsLinear(p, threads);
+
   const hn::ScalableTag<float> d;
   const int64_t panel_width = static_cast<int64_t>(2 * hn::Lanes(d));
   const int64_t panels = (p.columns + panel_width - 1) / panel_width;
   const int64_t row_blocks = (p.rows + kRowBlock - 1) / kRowBlock;
-  if (p.rows == 0 || p.columns == 0) return;
 
   // 1. Pack weight (N, K) into panels (panels, K, W) and bias into (panels, W), zero padded.
   const size_t packed_size = static_cast<size_t>(panels * panel_width) *
@@ -159,10 +221,6 @@ void LinearImpl(const LinearParams& p) {
     throw Error("linear: cannot allocate " + std::to_string(packed_size * sizeof(float)) +
                 " bytes to pack the weight");
   }
-  // Small products are not worth waking threads for; the result is the same either way.
-  const double multiply_adds =
-      static_cast<double>(p.rows) * static_cast<double>(p.columns) * static_cast<double>(p.depth);
-  const int threads = multiply_adds < 1 << 18 ? 1 : p.num_threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t panel = 0; panel < panels; ++panel) {
     float* out = packed.get() + panel * p.depth * panel_width;
