@@ -55,7 +55,8 @@ void check_view(const char* name, const TensorView& t) {
     overflow |= __builtin_add_overflow(last_offset, term, &last_offset);
   }
   int64_t bytes;
-  overflow |= __builtin_mul_overflow(last_offset + 1, static_cast<int64_t>(dtype_size(t.dtype)),
+  overflow |= __builtin_add_overflow(last_offset, 1, &last_offset);
+  overflow |= __builtin_mul_overflow(last_offset, static_cast<int64_t>(dtype_size(t.dtype)),
                                      &bytes);
   if (overflow) {
     throw Error(std::string(name) + ": byte offset of the last element of shape " +
