@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "attend/sdpa.hpp"
 #include "bench/cases.hpp"
@@ -65,7 +66,23 @@ void register_side_by_side(const std::string& label, const AttentionShape& shape
 void register_all(int threads) {
   // 1. Named cases, at `threads` and on one thread.
   for (const BenchCase& c : bench_cases()) {
-    if (!c.implemented) continue;
+    if (c.workload != Workload::kAttention) {  // a whole module: module/<case>/threads:<n>
+      const std::vector<int> thread_counts =
+          c.single_thread ? std::vector<int>{1} : std::vector<int>{threads, 1};
+      for (int n : thread_counts) {
+        const std::string name = "module/" + c.name + "/threads:" + std::to_string(n);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [&c, n](benchmark::State& state) {
+                                       const auto call = make_module_workload(c, n);
+                                       for (auto _ : state) call();
+                                       set_attention_counters(state, c.shape, n, false);
+                                     })
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond)
+            ->MinTime(kMinSeconds);
+      }
+      continue;
+    }
     const bool report_bandwidth = c.target.kind == TargetKind::kMinGbps;
     if (!c.single_thread) {
       register_side_by_side(c.name, c.shape, c.need_weights, threads, report_bandwidth);

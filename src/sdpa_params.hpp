@@ -62,6 +62,7 @@ struct SdpaParams {
   int64_t batch_offset(const OperandStrides& strides, int64_t b) const {
     int64_t offset = 0;
     for (int d = kMaxBatchRank - 1; d >= 0; --d) {
+      if (batch_shape[d] == 1) continue;  // most batch dimensions: no division
       const int64_t index = b % batch_shape[d];
       b /= batch_shape[d];
       offset += index * strides.batch[d];

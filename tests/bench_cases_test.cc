@@ -38,7 +38,6 @@ TEST(BenchCases, NamedCasesHaveTheShapesOfTheIssue) {
     const BenchCase* c = find_bench_case(e.name);
     ASSERT_NE(c, nullptr);
     EXPECT_EQ(c->name, e.name);
-    EXPECT_TRUE(c->implemented);
     EXPECT_EQ(c->shape.batch, e.batch);
     EXPECT_EQ(c->shape.heads, e.heads);
     EXPECT_EQ(c->shape.query_len, e.query_len);
@@ -51,12 +50,15 @@ TEST(BenchCases, NamedCasesHaveTheShapesOfTheIssue) {
   }
 }
 
-TEST(BenchCases, ReservedAndUnknownNames) {
-  for (const char* reserved : {"phrase-mha", "unet-block"}) {
-    const BenchCase* c = find_bench_case(reserved);
-    ASSERT_NE(c, nullptr) << reserved;
-    EXPECT_FALSE(c->implemented) << reserved;
-  }
+TEST(BenchCases, ModuleCasesAndUnknownNames) {
+  const BenchCase* phrase = find_bench_case("phrase-mha");
+  ASSERT_NE(phrase, nullptr);
+  EXPECT_EQ(phrase->workload, Workload::kMultiHeadLayer);
+  EXPECT_TRUE(phrase->single_thread);
+  const BenchCase* block = find_bench_case("unet-block");
+  ASSERT_NE(block, nullptr);
+  EXPECT_EQ(block->workload, Workload::kSpatialBlock);
+  EXPECT_EQ(block->shape.heads * block->shape.head_dim, 128);  // (1, 128, 64, 64), 4 heads
   EXPECT_EQ(find_bench_case("nope"), nullptr);
   EXPECT_EQ(find_bench_case(""), nullptr);
   EXPECT_EQ(find_bench_case("S3"), nullptr);  // names are case-sensitive
@@ -197,11 +199,15 @@ TEST(BenchCommand, UnknownCaseIsAnErrorNamingTheKnownOnes) {
   EXPECT_EQ(out, "");
 }
 
-TEST(BenchCommand, ReservedCaseIsSkippedWithAMessage) {
+TEST(BenchCommand, ModuleCaseRunsTheWholeLayer) {
   std::string out, err;
-  EXPECT_EQ(run_cli({"bench", "--case", "unet-block", "--json"}, &out, &err), 0) << err;
-  EXPECT_NE(err.find("unet-block: not implemented yet, skipped"), std::string::npos) << err;
-  EXPECT_EQ(out, "");
+  EXPECT_EQ(run_cli({"bench", "--case", "phrase-mha", "--json", "--min-time", "0.001",
+                     "--repetitions", "1"},
+                    &out, &err),
+            0)
+      << err;
+  EXPECT_NE(out.find("\"case\":\"phrase-mha\""), std::string::npos) << out;
+  EXPECT_NE(out.find("\"median_us\""), std::string::npos) << out;
 }
 
 TEST(BenchCommand, BadNumbersAreRefused) {

@@ -2,6 +2,10 @@
 #include "bench/cases.hpp"
 
 #include <cstdio>
+#include <memory>
+
+#include "attend/multihead.hpp"
+#include "attend/spatial.hpp"
 
 namespace attend::bench {
 
@@ -89,15 +93,15 @@ const std::vector<BenchCase>& bench_cases() {
        .summary = "unet also returning the 4x4096x4096 weights"},
       {.name = "phrase-mha",
        .shape = {1, 8, 4, 4, 32, false},
+       .workload = Workload::kMultiHeadLayer,
        .single_thread = true,
-       .implemented = false,
-       .target = {},
-       .summary = "phrase through MultiHeadAttention (reserved)"},
+       .target = {TargetKind::kMaxMicroseconds, 10},
+       .summary = "the phrase's whole MHA layer (256 wide, 8 heads), projections included"},
       {.name = "unet-block",
        .shape = {1, 4, 4096, 4096, 32, false},
-       .implemented = false,
-       .target = {},
-       .summary = "a whole U-Net attention block (reserved)"},
+       .workload = Workload::kSpatialBlock,
+       .target = {TargetKind::kMaxMicroseconds, 25000},
+       .summary = "SpatialSelfAttention(128, 4 heads) on (1, 128, 64, 64)"},
   };
   return cases;
 }
@@ -145,6 +149,30 @@ CaseTensors make_case_tensors(const AttentionShape& shape, bool need_weights) {
         DType::kFloat32, Shape{shape.batch, shape.heads, shape.query_len, shape.key_len});
   }
   return tensors;
+}
+
+std::function<void()> make_module_workload(const BenchCase& c, int num_threads) {
+  const AttentionShape& s = c.shape;
+  const int64_t width = s.heads * s.head_dim;
+  if (c.workload == Workload::kMultiHeadLayer) {
+    // input (B, L, H·E) -> MHA self-attention -> (B, L, H·E); weights not requested.
+    auto module = std::make_shared<MultiHeadAttention>(width, s.heads, MultiHeadOptions{}, 7);
+    auto input = std::make_shared<Tensor>(DType::kFloat32, Shape{s.batch, s.query_len, width});
+    fill_uniform(*input, 4);
+    MultiHeadForwardOptions options;
+    options.need_weights = false;
+    options.causal = s.causal;
+    options.num_threads = num_threads;
+    return [module, input, options] {
+      const TensorView x = input->view();
+      (void)module->forward(x, x, x, options);
+    };
+  }
+  // (B, H·E, 64, 64) feature map -> GroupNorm, MHA over 4096 positions, residual.
+  auto block = std::make_shared<SpatialSelfAttention>(width, s.heads, SpatialAttentionOptions{}, 7);
+  auto map = std::make_shared<Tensor>(DType::kFloat32, Shape{s.batch, width, 64, 64});
+  fill_uniform(*map, 5);
+  return [block, map, num_threads] { (void)block->forward(map->view(), num_threads); };
 }
 
 void run_attention(CaseTensors& tensors, const AttentionShape& shape, int num_threads,

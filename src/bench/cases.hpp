@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,12 +49,19 @@ std::string describe_target(const CaseTarget& target);
 // Whether `measured` (in the unit of target.kind) meets the target; true for kNone.
 bool target_met(const CaseTarget& target, double measured);
 
+// What one timed call runs.
+enum class Workload : uint8_t {
+  kAttention,      // scaled_dot_product_attention_into on (B, H, L, E) tensors
+  kMultiHeadLayer, // MultiHeadAttention(H·E, H).forward on (B, L, H·E), projections included
+  kSpatialBlock,   // SpatialSelfAttention(H·E channels, H) on (B, H·E, 64, 64): L = 4096
+};
+
 struct BenchCase {
   std::string name;
-  AttentionShape shape;
+  AttentionShape shape;  // the attention inside the workload (its FLOPs are the ones counted)
+  Workload workload = Workload::kAttention;
   bool need_weights = false;
   bool single_thread = false;  // a latency case: always one thread
-  bool implemented = true;     // false: the name is reserved for a case not written yet
   CaseTarget target;
   std::string summary;  // one line for listings
 };
@@ -74,6 +82,10 @@ struct CaseTensors {
 // Query, key and value filled with deterministic pseudo-random values in [-1, 1); output and
 // weights (when `need_weights`) allocated and zeroed so that their pages are faulted in.
 CaseTensors make_case_tensors(const AttentionShape& shape, bool need_weights);
+
+// A callable running one call of a module workload (kMultiHeadLayer, kSpatialBlock) of `c`
+// on `num_threads` threads, with its module and inputs built once (deterministic seeds).
+std::function<void()> make_module_workload(const BenchCase& c, int num_threads);
 
 // One call of scaled_dot_product_attention_into on `tensors` (weights written when the
 // tensors hold them).

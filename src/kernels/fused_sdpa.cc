@@ -509,6 +509,8 @@ class TileAttention {
 struct RowWorkspace {
   hwy::AlignedFreeUniquePtr<float[]> scores;  // [Lk rounded up to lanes]
   hwy::AlignedFreeUniquePtr<float[]> out;     // [Ev rounded up to lanes]
+  int64_t tile_batch = -1;                    // batch index whose pointers `tile` holds
+  Tile tile{};
   explicit RowWorkspace(const SdpaParams& p) {
     scores = hwy::AllocateAligned<float>(
         hwy::RoundUpTo(static_cast<size_t>(p.key_len), static_cast<size_t>(kLanes)));
@@ -665,7 +667,7 @@ class RowAttention {
       std::fill(w + key_end, w + p_.key_len, 0.0f);
     }
     float* out = ws_.out.get();
-    std::fill_n(out, p_.value_dim, 0.0f);
+    for (int64_t c = 0; c < p_.value_dim; c += kLanes) hn::Store(hn::Zero(d), d, out + c);
     // Chunks of 256 keys: a chunk of V (up to 512 KiB at Ev = 512) is read from memory once
     // and from cache for the remaining column blocks.
     constexpr int64_t kKeyChunk = 256;
@@ -783,8 +785,16 @@ void ParallelItems(const SdpaParams& p, int64_t items, const Body& body) {
 
 void RunAllRows(const SdpaParams& p) {
   ParallelItems<RowWorkspace>(p, p.batch * p.query_len, [&](RowWorkspace& ws, int64_t item) {
+    // Consecutive items are rows of one batch index: reuse its base pointers (MakeTile
+    // divides per batch dimension).
+    const int64_t b = item / p.query_len;
+    if (b != ws.tile_batch) {
+      ws.tile = MakeTile(p, b, 0, 1);
+      ws.tile_batch = b;
+    }
+    ws.tile.first_query = item - b * p.query_len;
     RowAttention attention(p, ws);
-    attention.Run(MakeTile(p, item / p.query_len, item % p.query_len, 1));
+    attention.Run(ws.tile);
   });
 }
 

@@ -136,7 +136,12 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, PeakTable
   result.bench_case = &c;
   result.threads = c.single_thread ? 1 : settings.threads;
   result.peak_gflops = peaks.at(result.threads).gflops;
-  result.timing = time_problem(c.shape, c.need_weights, result.threads, settings);
+  if (c.workload == bench::Workload::kAttention) {
+    result.timing = time_problem(c.shape, c.need_weights, result.threads, settings);
+  } else {
+    result.timing = bench::time_repeated(bench::make_module_workload(c, result.threads),
+                                         settings.repetitions, settings.min_seconds);
+  }
   const double seconds = result.timing.median_seconds;
   seconds_by_problem[problem_key(c.shape, c.need_weights, result.threads)] = seconds;
   result.gflops = c.shape.flops() / seconds / 1e9;
@@ -272,19 +277,12 @@ void run_bench(const BenchArguments& arguments) {
     std::fflush(stdout);
   }
   PeakTable peaks;
-  bool any_implemented = false;
-  for (const BenchCase* c : settings.cases) any_implemented = any_implemented || c->implemented;
-  if (any_implemented) (void)peaks.at(settings.threads);  // printed first, before any case
+  (void)peaks.at(settings.threads);  // printed first, before any case
   std::vector<CaseResult> results;
   std::map<std::string, double> seconds_by_problem;
   const size_t count = settings.cases.size();
   for (size_t i = 0; i < count; ++i) {
     const BenchCase& c = *settings.cases[i];
-    if (!c.implemented) {
-      std::fprintf(stderr, "[%zu/%zu] %s: not implemented yet, skipped\n", i + 1, count,
-                   c.name.c_str());
-      continue;
-    }
     std::fprintf(stderr, "[%zu/%zu] %s ...\n", i + 1, count, c.name.c_str());
     results.push_back(run_case(c, settings, peaks, seconds_by_problem));
     if (settings.json) {
