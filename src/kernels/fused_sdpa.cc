@@ -55,15 +55,16 @@ constexpr int64_t kKeyTile = 128;
 // At most 4 query vectors per tile (64 queries on AVX-512): enough rows to amortize each
 // K and V broadcast over 4 FMAs.
 constexpr int kMaxQueryVectors = 4;
-// Register blocks. 32-register targets: 4 query vectors × 6 keys = 24 score accumulators,
-// 2 query vectors × 8 value columns = 16 output accumulators. 16-register targets: 4×2 and
-// 2×4, leaving room for the operands.
+// Register blocks: the query vectors of a tile (up to 4) × kScoreKeys keys of score
+// accumulators, and the same query vectors × kValueColumns value columns of output
+// accumulators. 32-register targets: 4×6 = 24 accumulators each, 4 + 6 loads per 24 FMAs.
+// 16-register targets: 4×2, leaving room for the operands.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kScoreKeys = 6;
-constexpr int kValueColumns = 8;
+constexpr int kValueColumns = 6;
 #else
 constexpr int kScoreKeys = 2;
-constexpr int kValueColumns = 4;
+constexpr int kValueColumns = 2;
 #endif
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -84,11 +85,13 @@ HWY_INLINE VF Exp2Fraction(DF d, VF f) {
 // keeps the kernel free of denormal slow paths; -1e9 (excluded) gives exactly 0.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // AVX-512: vreduceps gives f = x − round(x) in one instruction and vscalefps multiplies by
-// 2^n with the exponent range handled in hardware.
+// 2^n with the exponent range handled in hardware: below 2^-126 the kernel threads' FTZ
+// flushes the result to 0. x is first raised to at least -1000 (so -inf gives 0, not NaN);
+// vmaxps returns its second operand when either is NaN, so NaN propagates.
 HWY_INLINE VF Exp2(DF d, VF x) {
+  x = hn::Max(hn::Set(d, -1000.0f), x);
   const VF f{_mm512_reduce_ps(x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
-  const VF result{_mm512_scalef_ps(Exp2Fraction(d, f).raw, hn::Sub(x, f).raw)};
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), result);
+  return VF{_mm512_scalef_ps(Exp2Fraction(d, f).raw, hn::Sub(x, f).raw)};
 }
 #else
 // Portable: adding 1.5·2^23 rounds x to an integer n held in the low mantissa bits; with
@@ -344,20 +347,38 @@ class TileAttention {
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
     for (int r = 0; r < QV; ++r) {
       float* column = score_t + r * kLanes;
-      VF tile_max = neg_inf;
-      for (int64_t j = 0; j < keys; ++j) tile_max = hn::Max(tile_max, hn::Load(d, column + j * kTq));
+      // Four independent max chains: one chain would wait out the latency of every max.
+      VF max0 = neg_inf, max1 = neg_inf, max2 = neg_inf, max3 = neg_inf;
+      int64_t j = 0;
+      for (; j + 4 <= keys; j += 4) {
+        max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
+        max1 = hn::Max(max1, hn::Load(d, column + (j + 1) * kTq));
+        max2 = hn::Max(max2, hn::Load(d, column + (j + 2) * kTq));
+        max3 = hn::Max(max3, hn::Load(d, column + (j + 3) * kTq));
+      }
+      for (; j < keys; ++j) max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
+      const VF tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
       const VF old_max = hn::Load(d, ws_.row_max.get() + r * kLanes);
       const VF new_max = hn::Max(old_max, tile_max);
       // A row whose scores are all -inf so far keeps m' = -inf; use 0 as the reference
       // point so that 2^(-inf - m') is 0, not NaN.
       const VF safe_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
       const VF alpha = Exp2(d, hn::Sub(old_max, safe_max));
-      VF sum = hn::Zero(d);
-      for (int64_t j = 0; j < keys; ++j) {
+      VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+      for (j = 0; j + 2 <= keys; j += 2) {
+        const VF prob0 = Exp2(d, hn::Sub(hn::Load(d, column + j * kTq), safe_max));
+        const VF prob1 = Exp2(d, hn::Sub(hn::Load(d, column + (j + 1) * kTq), safe_max));
+        hn::Store(prob0, d, column + j * kTq);
+        hn::Store(prob1, d, column + (j + 1) * kTq);
+        sum0 = hn::Add(sum0, prob0);
+        sum1 = hn::Add(sum1, prob1);
+      }
+      if (j < keys) {
         const VF prob = Exp2(d, hn::Sub(hn::Load(d, column + j * kTq), safe_max));
         hn::Store(prob, d, column + j * kTq);
-        sum = hn::Add(sum, prob);
+        sum0 = hn::Add(sum0, prob);
       }
+      const VF sum = hn::Add(sum0, sum1);
       const VF old_sum = hn::Load(d, ws_.row_sum.get() + r * kLanes);
       hn::Store(hn::MulAdd(alpha, old_sum, sum), d, ws_.row_sum.get() + r * kLanes);
       hn::Store(new_max, d, ws_.row_max.get() + r * kLanes);
@@ -429,27 +450,17 @@ class TileAttention {
     const int64_t value_stride = p_.value_strides.row;
     const float* score_t = ws_.score_t.get();
     float* out_t = ws_.out_t.get();
-    for (int r0 = 0; r0 < QV; r0 += 2) {
-      int64_t c = 0;
-      if (r0 + 2 <= QV) {
-        for (; c + kValueColumns <= p_.value_dim; c += kValueColumns) {
-          ValueBlock<QV, 2, kValueColumns>(score_t, value + c, value_stride, keys, alpha, r0,
-                                           out_t + c * kTq);
-        }
-        for (; c < p_.value_dim; ++c) {
-          ValueBlock<QV, 2, 1>(score_t, value + c, value_stride, keys, alpha, r0,
-                               out_t + c * kTq);
-        }
-      } else {
-        for (; c + kValueColumns <= p_.value_dim; c += kValueColumns) {
-          ValueBlock<QV, 1, kValueColumns>(score_t, value + c, value_stride, keys, alpha, r0,
-                                           out_t + c * kTq);
-        }
-        for (; c < p_.value_dim; ++c) {
-          ValueBlock<QV, 1, 1>(score_t, value + c, value_stride, keys, alpha, r0,
-                               out_t + c * kTq);
-        }
-      }
+    // All QV query vectors at once × kValueColumns columns, then narrower blocks for the tail.
+    int64_t c = 0;
+    for (; c + kValueColumns <= p_.value_dim; c += kValueColumns) {
+      ValueBlock<QV, QV, kValueColumns>(score_t, value + c, value_stride, keys, alpha, 0,
+                                        out_t + c * kTq);
+    }
+    for (; c + 2 <= p_.value_dim; c += 2) {
+      ValueBlock<QV, QV, 2>(score_t, value + c, value_stride, keys, alpha, 0, out_t + c * kTq);
+    }
+    for (; c < p_.value_dim; ++c) {
+      ValueBlock<QV, QV, 1>(score_t, value + c, value_stride, keys, alpha, 0, out_t + c * kTq);
     }
   }
 
