@@ -460,6 +460,21 @@ TEST(MultiHead, BadArgumentsAreErrorsNamingThem) {
             std::string::npos);
 }
 
+TEST(MultiHead, WeightsOverTheByteLimitAreRefusedBeforeAnyWork) {
+  const MultiHeadAttention m(16, 4);
+  const Tensor x = pseudo_random(Shape({2, 3, 16}), 1);
+  MultiHeadForwardOptions options;
+  options.max_weights_bytes = 2 * 4 * 3 * 3 * 4 - 1;  // (N, H, L, S) float32, one byte short
+  const std::string message = error_of([&] { m.forward(x.view(), x.view(), x.view(), options); });
+  EXPECT_NE(message.find("max_weights_bytes"), std::string::npos) << message;
+  EXPECT_NE(message.find("(2, 4, 3, 3)"), std::string::npos) << message;
+  options.max_weights_bytes += 1;
+  EXPECT_NO_THROW(m.forward(x.view(), x.view(), x.view(), options));
+  options.max_weights_bytes = 0;
+  options.need_weights = false;  // no weights, no limit
+  EXPECT_NO_THROW(m.forward(x.view(), x.view(), x.view(), options));
+}
+
 TEST(MultiHead, DropoutIsReproducibleFromItsSeed) {
   const MultiHeadAttention m(16, 4, {}, 5);
   const Tensor x = pseudo_random(Shape({2, 5, 16}), 1);

@@ -42,6 +42,9 @@ struct MultiHeadForwardOptions {
   uint64_t seed = 0;
   int num_threads = 0;  // 0: the OpenMP default; results do not depend on it
   Backend backend = Backend::kAuto;
+  // need_weights refuses (attend::Error, before any work) per-head weights (N, H, L, S)
+  // larger than this many bytes.
+  uint64_t max_weights_bytes = uint64_t{16} << 30;
 };
 
 struct MultiHeadResult {

@@ -281,6 +281,18 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   }
   if (S == 0) throw Error("key: shape " + key.shape.str() + " has no keys (S = 0)");
   const int num_threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
+  if (options.need_weights) {
+    // The per-head weights (N, H, L, S) float32 exist even when averaged: refuse them before
+    // any work or allocation when they exceed the limit.
+    const double bytes = 4.0 * static_cast<double>(N) * static_cast<double>(H) *
+                         static_cast<double>(L) * static_cast<double>(S);
+    if (bytes > static_cast<double>(options.max_weights_bytes)) {
+      throw Error("weights " + Shape({N, H, L, S}).str() + " would take " +
+                  std::to_string(static_cast<uint64_t>(bytes)) + " bytes, over the limit of " +
+                  std::to_string(options.max_weights_bytes) +
+                  " (max_weights_bytes); pass need_weights = false or raise the limit");
+    }
+  }
 
   // Masks as (N, 1 or H, L, S) views, broadcast through zero strides.
   std::optional<TensorView> padding_view, attn_view;
