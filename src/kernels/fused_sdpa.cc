@@ -518,18 +518,44 @@ class TileAttention {
 // visible keys j < key_end (one row of Lk scores, per thread);  m = max_j s_j;
 // p_j = 2^(s_j − m);  l = Σ p_j;  output = Σ_j p_j·keep_j·v_j / l / (1 − p).
 
+// Row buffers live in the workspace object itself up to these sizes (short phrases: no
+// allocation per call), on the heap beyond.
+constexpr int64_t kInlineKeys = 256;
+constexpr int64_t kInlineValueDim = 512;
+
 struct RowWorkspace {
-  hwy::AlignedFreeUniquePtr<float[]> scores;  // [Lk rounded up to lanes]
-  hwy::AlignedFreeUniquePtr<float[]> out;     // [Ev rounded up to lanes]
-  int64_t tile_batch = -1;                    // batch index whose pointers `tile` holds
+  float* scores;  // [Lk rounded up to lanes]
+  float* out;     // [Ev rounded up to lanes]
+  int64_t tile_batch = -1;  // batch index whose pointers `tile` holds
   Tile tile{};
+
   explicit RowWorkspace(const SdpaParams& p) {
-    scores = hwy::AllocateAligned<float>(
-        hwy::RoundUpTo(static_cast<size_t>(p.key_len), static_cast<size_t>(kLanes)));
-    out = hwy::AllocateAligned<float>(static_cast<size_t>(hwy::RoundUpTo(
-        static_cast<size_t>(std::max<int64_t>(p.value_dim, 1)), static_cast<size_t>(kLanes))));
+    const auto lanes = static_cast<size_t>(kLanes);
+    const size_t score_count = hwy::RoundUpTo(static_cast<size_t>(p.key_len), lanes);
+    const size_t out_count =
+        hwy::RoundUpTo(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1)), lanes);
+    if (score_count <= kInlineKeys) {
+      scores = inline_scores_;
+    } else {
+      heap_scores_ = hwy::AllocateAligned<float>(score_count);
+      scores = heap_scores_.get();
+    }
+    if (out_count <= kInlineValueDim) {
+      out = inline_out_;
+    } else {
+      heap_out_ = hwy::AllocateAligned<float>(out_count);
+      out = heap_out_.get();
+    }
   }
-  bool ok() const { return scores && out; }
+  RowWorkspace(const RowWorkspace&) = delete;
+  RowWorkspace& operator=(const RowWorkspace&) = delete;
+  bool ok() const { return scores != nullptr && out != nullptr; }
+
+ private:
+  alignas(64) float inline_scores_[kInlineKeys];
+  alignas(64) float inline_out_[kInlineValueDim];
+  hwy::AlignedFreeUniquePtr<float[]> heap_scores_;
+  hwy::AlignedFreeUniquePtr<float[]> heap_out_;
 };
 
 // Σ_e a[e]·b[e] for four rows b0..b3 at once (lanes along e, scalar tail).
@@ -597,7 +623,7 @@ class RowAttention {
     const int64_t i = tile.first_query;
     const int64_t key_end =
         p_.causal ? std::clamp<int64_t>(p_.causal_last_key(i) + 1, 0, p_.key_len) : p_.key_len;
-    float* scores = ws_.scores.get();
+    float* scores = ws_.scores;
     bool visible = false;
 
     // 1. Scores of the causally visible keys, bias, mask.
@@ -678,7 +704,7 @@ class RowAttention {
       std::copy_n(scores, key_end, w);
       std::fill(w + key_end, w + p_.key_len, 0.0f);
     }
-    float* out = ws_.out.get();
+    float* out = ws_.out;
     for (int64_t c = 0; c < p_.value_dim; c += kLanes) hn::Store(hn::Zero(d), d, out + c);
     // Chunks of 256 keys: a chunk of V (up to 512 KiB at Ev = 512) is read from memory once
     // and from cache for the remaining column blocks.
