@@ -20,15 +20,6 @@
 namespace attend::test {
 namespace {
 
-struct BackendCase {
-  Backend backend;
-  Accumulation accumulation;
-  const char* name;
-};
-constexpr BackendCase kBackends[] = {
-    {Backend::kReference, Accumulation::kFloat64, "reference"},
-    {Backend::kAuto, Accumulation::kFloat32, "auto"},
-};
 
 // query (4, 64, 16), key (4, 256, 16), value (4, 256, 8): 65536 weights.
 struct Problem {

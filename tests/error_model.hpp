@@ -44,11 +44,24 @@
 #include <cstdint>
 #include <vector>
 
+#include "attend/sdpa.hpp"
 #include "independent_reference.hpp"
 
 namespace attend::test {
 
 enum class Accumulation { kFloat32, kFloat64 };
+
+// The backends the contract and dropout tests run, with the accumulation their tolerance
+// assumes.
+struct BackendCase {
+  Backend backend;
+  Accumulation accumulation;
+  const char* name;
+};
+inline constexpr BackendCase kBackends[] = {
+    {Backend::kReference, Accumulation::kFloat64, "reference"},
+    {Backend::kAuto, Accumulation::kFloat32, "auto"},
+};
 
 inline constexpr double kUnitRoundoff = 1.0 / 16777216.0;  // 2^-24
 inline constexpr double kSafety = 4.0;

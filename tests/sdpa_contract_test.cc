@@ -78,15 +78,6 @@ void expect_matches_listing(const AttentionResult& got, const ReferenceProblem& 
   }
 }
 
-struct BackendCase {
-  Backend backend;
-  Accumulation accumulation;
-  const char* name;
-};
-constexpr BackendCase kBackends[] = {
-    {Backend::kReference, Accumulation::kFloat64, "reference"},
-    {Backend::kAuto, Accumulation::kFloat32, "auto"},
-};
 
 // ---------------------------------------------------------------------------------------
 // Bad arguments.
