@@ -90,35 +90,15 @@ void register_all(int threads) {
     register_side_by_side(c.name, c.shape, c.need_weights, 1, report_bandwidth);
   }
   // 2. Sweeps over L (E 64) and E (L 1024), causal and not.
-  for (bool causal : {false, true}) {
-    for (int64_t length : sweep_lengths()) {
-      const AttentionShape shape = sweep_shape(length, kSweepFixedHeadDim, causal);
-      register_side_by_side("sweep_L/" + describe_sweep_point(shape), shape, false, threads, false);
-    }
-  }
-  for (bool causal : {false, true}) {
-    for (int64_t head_dim : sweep_head_dims()) {
-      const AttentionShape shape = sweep_shape(kSweepFixedLength, head_dim, causal);
-      register_side_by_side("sweep_E/" + describe_sweep_point(shape), shape, false, threads, false);
-    }
-  }
+  for_each_sweep_point(sweep_lengths().back(),
+                       [&](const std::string& label, const AttentionShape& shape) {
+                         register_side_by_side(label, shape, false, threads, false);
+                       });
 }
 
 }  // namespace
 }  // namespace attend::bench
 
 int main(int argc, char** argv) {
-  try {
-    const int threads = attend::bench::take_threads_flag(&argc, argv);
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-    attend::bench::measure_suite_peaks(threads);
-    attend::bench::register_all(threads);
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
-  return 0;
+  return attend::bench::run_suite(argc, argv, attend::bench::register_all);
 }

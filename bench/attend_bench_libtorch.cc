@@ -80,36 +80,15 @@ void register_all(int threads) {
       register_problem(c.name, c.shape, c.need_weights, threads, report_bandwidth);
     register_problem(c.name, c.shape, c.need_weights, 1, report_bandwidth);
   }
-  for (bool causal : {false, true}) {
-    for (int64_t length : sweep_lengths()) {
-      if (length > kLibTorchMaxLength) continue;
-      const AttentionShape shape = sweep_shape(length, kSweepFixedHeadDim, causal);
-      register_problem("sweep_L/" + describe_sweep_point(shape), shape, false, threads, false);
-    }
-  }
-  for (bool causal : {false, true}) {
-    for (int64_t head_dim : sweep_head_dims()) {
-      const AttentionShape shape = sweep_shape(kSweepFixedLength, head_dim, causal);
-      register_problem("sweep_E/" + describe_sweep_point(shape), shape, false, threads, false);
-    }
-  }
+  for_each_sweep_point(kLibTorchMaxLength,
+                       [&](const std::string& label, const AttentionShape& shape) {
+                         register_problem(label, shape, false, threads, false);
+                       });
 }
 
 }  // namespace
 }  // namespace attend::bench
 
 int main(int argc, char** argv) {
-  try {
-    const int threads = attend::bench::take_threads_flag(&argc, argv);
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-    attend::bench::measure_suite_peaks(threads);
-    attend::bench::register_all(threads);
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  }
-  return 0;
+  return attend::bench::run_suite(argc, argv, attend::bench::register_all);
 }

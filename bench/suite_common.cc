@@ -92,4 +92,38 @@ std::string describe_sweep_point(const AttentionShape& shape) {
          "/causal:" + (shape.causal ? "1" : "0");
 }
 
+void for_each_sweep_point(
+    int64_t max_length,
+    const std::function<void(const std::string& label, const AttentionShape& shape)>& visit) {
+  for (bool causal : {false, true}) {
+    for (int64_t length : sweep_lengths()) {
+      if (length > max_length) continue;
+      const AttentionShape shape = sweep_shape(length, kSweepFixedHeadDim, causal);
+      visit("sweep_L/" + describe_sweep_point(shape), shape);
+    }
+  }
+  for (bool causal : {false, true}) {
+    for (int64_t head_dim : sweep_head_dims()) {
+      const AttentionShape shape = sweep_shape(kSweepFixedLength, head_dim, causal);
+      visit("sweep_E/" + describe_sweep_point(shape), shape);
+    }
+  }
+}
+
+int run_suite(int argc, char** argv, void (*register_all)(int threads)) {
+  try {
+    const int threads = take_threads_flag(&argc, argv);
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+    measure_suite_peaks(threads);
+    register_all(threads);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
+
 }  // namespace attend::bench

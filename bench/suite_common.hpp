@@ -5,6 +5,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -40,5 +41,15 @@ inline constexpr int64_t kSweepFixedHeadDim = 64;
 
 // "L:1024/E:64/causal:1"
 std::string describe_sweep_point(const AttentionShape& shape);
+
+// Calls visit("sweep_L/L:.../E:64/causal:c" or "sweep_E/...", shape) for every point of the
+// L sweep up to max_length and of the E sweep, causal and not.
+void for_each_sweep_point(
+    int64_t max_length,
+    const std::function<void(const std::string& label, const AttentionShape& shape)>& visit);
+
+// main() of a suite: --threads=N, Google Benchmark's flags, the FMA peaks, then
+// register_all(threads) and the run. Errors: "error: ..." and status 2.
+int run_suite(int argc, char** argv, void (*register_all)(int threads));
 
 }  // namespace attend::bench

@@ -1,14 +1,13 @@
 // runtime.cpp: version, compiled and supported SIMD targets, the dispatch cap.
 #include "attend/runtime.hpp"
 
+#include <hwy/targets.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <mutex>
-
-#include <hwy/targets.h>
 
 #include "attend/error.hpp"
 #include "runtime_internal.hpp"

@@ -56,11 +56,11 @@ void check_view(const char* name, const TensorView& t) {
   }
   int64_t bytes;
   overflow |= __builtin_add_overflow(last_offset, 1, &last_offset);
-  overflow |= __builtin_mul_overflow(last_offset, static_cast<int64_t>(dtype_size(t.dtype)),
-                                     &bytes);
+  overflow |=
+      __builtin_mul_overflow(last_offset, static_cast<int64_t>(dtype_size(t.dtype)), &bytes);
   if (overflow) {
-    throw Error(std::string(name) + ": byte offset of the last element of shape " +
-                t.shape.str() + " with strides " + t.strides.str() + " overflows");
+    throw Error(std::string(name) + ": byte offset of the last element of shape " + t.shape.str() +
+                " with strides " + t.strides.str() + " overflows");
   }
 }
 
@@ -241,8 +241,8 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
                   " would write several results to one element");
     }
   }
-  for (auto [input_name, input] : {std::pair{"query", &q}, std::pair{"key", &k},
-                                   std::pair{"value", &v}}) {
+  for (auto [input_name, input] :
+       {std::pair{"query", &q}, std::pair{"key", &k}, std::pair{"value", &v}}) {
     if (overlaps(out, *input)) {
       throw Error(std::string(name) + " overlaps the memory of " + input_name);
     }
@@ -338,12 +338,11 @@ AttentionResult scaled_dot_product_attention(const TensorView& query, const Tens
   if (options.need_weights) {
     const auto count = static_cast<uint64_t>(problem.scores_shape.numel());
     if (count > options.max_weights_bytes / sizeof(float)) {  // count · 4 may not fit 64 bits
-      const std::string bytes = count <= UINT64_MAX / sizeof(float)
-                                    ? std::to_string(count * sizeof(float))
-                                    : "over 2^64";
+      const std::string bytes =
+          count <= UINT64_MAX / sizeof(float) ? std::to_string(count * sizeof(float)) : "over 2^64";
       throw Error("weights " + problem.scores_shape.str() + " would take " + bytes +
-                  " bytes, over the limit of " +
-                  std::to_string(options.max_weights_bytes) + " (max_weights_bytes)");
+                  " bytes, over the limit of " + std::to_string(options.max_weights_bytes) +
+                  " (max_weights_bytes)");
     }
     result.weights = Tensor(DType::kFloat32, problem.scores_shape);
   }
@@ -356,8 +355,7 @@ AttentionResult scaled_dot_product_attention(const TensorView& query, const Tens
 
 void scaled_dot_product_attention_into(const TensorView& query, const TensorView& key,
                                        const TensorView& value, const TensorView& output,
-                                       const TensorView* weights,
-                                       const AttentionOptions& options) {
+                                       const TensorView* weights, const AttentionOptions& options) {
   const Problem problem = validate_inputs(query, key, value, options);
   check_output("output", output, problem.output_shape, query.dtype, query, key, value, options);
   if (weights) {
@@ -370,8 +368,8 @@ void scaled_dot_product_attention_into(const TensorView& query, const TensorView
 
 double attention_flops(int64_t batch, int64_t query_len, int64_t key_len, int64_t head_dim,
                        int64_t value_dim, bool causal) {
-  const double pairs = static_cast<double>(batch) * static_cast<double>(query_len) *
-                       static_cast<double>(key_len);
+  const double pairs =
+      static_cast<double>(batch) * static_cast<double>(query_len) * static_cast<double>(key_len);
   const double flops = 2.0 * pairs * static_cast<double>(head_dim + value_dim);
   return causal ? flops / 2 : flops;
 }

@@ -51,12 +51,12 @@ struct SdpaParams {
   const float* bias = nullptr;
   OperandStrides bias_strides;
 
-  bool causal = false;         // key j visible to query i iff j <= i + (Lk - Lq)
-  float scale = 1.0f;          // multiplies Q·Kᵀ
+  bool causal = false;  // key j visible to query i iff j <= i + (Lk - Lq)
+  float scale = 1.0f;   // multiplies Q·Kᵀ
   bool zero_fully_masked_rows = false;
-  float dropout = 0.0f;        // p in [0, 1)
+  float dropout = 0.0f;  // p in [0, 1)
   uint64_t seed = 0;
-  int num_threads = 1;         // ≥ 1, already resolved
+  int num_threads = 1;  // ≥ 1, already resolved
 
   // Offset (elements) of batch index b in an operand with the given strides.
   int64_t batch_offset(const OperandStrides& strides, int64_t b) const {
@@ -70,9 +70,7 @@ struct SdpaParams {
     return offset;
   }
   // Last key index query i may see under causality (inclusive); may be negative.
-  int64_t causal_last_key(int64_t query_index) const {
-    return query_index + (key_len - query_len);
-  }
+  int64_t causal_last_key(int64_t query_index) const { return query_index + (key_len - query_len); }
 };
 
 }  // namespace attend::detail

@@ -7,8 +7,8 @@
 #include <utility>
 
 #include "attend/error.hpp"
-#include "half.hpp"
 #include "checked_math.hpp"
+#include "half.hpp"
 
 namespace attend {
 
@@ -37,19 +37,32 @@ size_t dtype_size(DType dtype) {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kFloat64: return "float64";
-    case DType::kBool: return "bool";
-    case DType::kInt8: return "int8";
-    case DType::kInt16: return "int16";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
-    case DType::kUInt8: return "uint8";
-    case DType::kUInt16: return "uint16";
-    case DType::kUInt32: return "uint32";
-    case DType::kUInt64: return "uint64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kBool:
+      return "bool";
+    case DType::kInt8:
+      return "int8";
+    case DType::kInt16:
+      return "int16";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kUInt16:
+      return "uint16";
+    case DType::kUInt32:
+      return "uint32";
+    case DType::kUInt64:
+      return "uint64";
   }
   return "unknown";
 }
@@ -85,7 +98,8 @@ int64_t Shape::numel() const {
   for (int i = 0; i < rank_; ++i) {
     const int64_t d = dims_[static_cast<size_t>(i)];
     if (d < 0) throw Error("shape " + str() + " has a negative dimension");
-    if (__builtin_mul_overflow(n, d, &n)) throw Error("element count of shape " + str() + " overflows");
+    if (__builtin_mul_overflow(n, d, &n))
+      throw Error("element count of shape " + str() + " overflows");
   }
   return n;
 }
@@ -215,42 +229,77 @@ namespace {
 
 double load_as_double(const void* p, DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return *static_cast<const float*>(p);
-    case DType::kFloat16: return detail::f32_from_f16(*static_cast<const uint16_t*>(p));
-    case DType::kBFloat16: return detail::f32_from_bf16(*static_cast<const uint16_t*>(p));
-    case DType::kFloat64: return *static_cast<const double*>(p);
-    case DType::kBool: return *static_cast<const uint8_t*>(p) != 0 ? 1.0 : 0.0;
-    case DType::kInt8: return *static_cast<const int8_t*>(p);
-    case DType::kInt16: return *static_cast<const int16_t*>(p);
-    case DType::kInt32: return *static_cast<const int32_t*>(p);
-    case DType::kInt64: return static_cast<double>(*static_cast<const int64_t*>(p));
-    case DType::kUInt8: return *static_cast<const uint8_t*>(p);
-    case DType::kUInt16: return *static_cast<const uint16_t*>(p);
-    case DType::kUInt32: return *static_cast<const uint32_t*>(p);
-    case DType::kUInt64: return static_cast<double>(*static_cast<const uint64_t*>(p));
+    case DType::kFloat32:
+      return *static_cast<const float*>(p);
+    case DType::kFloat16:
+      return detail::f32_from_f16(*static_cast<const uint16_t*>(p));
+    case DType::kBFloat16:
+      return detail::f32_from_bf16(*static_cast<const uint16_t*>(p));
+    case DType::kFloat64:
+      return *static_cast<const double*>(p);
+    case DType::kBool:
+      return *static_cast<const uint8_t*>(p) != 0 ? 1.0 : 0.0;
+    case DType::kInt8:
+      return *static_cast<const int8_t*>(p);
+    case DType::kInt16:
+      return *static_cast<const int16_t*>(p);
+    case DType::kInt32:
+      return *static_cast<const int32_t*>(p);
+    case DType::kInt64:
+      return static_cast<double>(*static_cast<const int64_t*>(p));
+    case DType::kUInt8:
+      return *static_cast<const uint8_t*>(p);
+    case DType::kUInt16:
+      return *static_cast<const uint16_t*>(p);
+    case DType::kUInt32:
+      return *static_cast<const uint32_t*>(p);
+    case DType::kUInt64:
+      return static_cast<double>(*static_cast<const uint64_t*>(p));
   }
   return 0;
 }
 
 void store_from_double(void* p, DType dtype, double value) {
   switch (dtype) {
-    case DType::kFloat32: *static_cast<float*>(p) = static_cast<float>(value); return;
+    case DType::kFloat32:
+      *static_cast<float*>(p) = static_cast<float>(value);
+      return;
     case DType::kFloat16:
       *static_cast<uint16_t*>(p) = detail::f16_from_f32(static_cast<float>(value));
       return;
     case DType::kBFloat16:
       *static_cast<uint16_t*>(p) = detail::bf16_from_f32(static_cast<float>(value));
       return;
-    case DType::kFloat64: *static_cast<double*>(p) = value; return;
-    case DType::kBool: *static_cast<uint8_t*>(p) = value != 0; return;
-    case DType::kInt8: *static_cast<int8_t*>(p) = static_cast<int8_t>(value); return;
-    case DType::kInt16: *static_cast<int16_t*>(p) = static_cast<int16_t>(value); return;
-    case DType::kInt32: *static_cast<int32_t*>(p) = static_cast<int32_t>(value); return;
-    case DType::kInt64: *static_cast<int64_t*>(p) = static_cast<int64_t>(value); return;
-    case DType::kUInt8: *static_cast<uint8_t*>(p) = static_cast<uint8_t>(value); return;
-    case DType::kUInt16: *static_cast<uint16_t*>(p) = static_cast<uint16_t>(value); return;
-    case DType::kUInt32: *static_cast<uint32_t*>(p) = static_cast<uint32_t>(value); return;
-    case DType::kUInt64: *static_cast<uint64_t*>(p) = static_cast<uint64_t>(value); return;
+    case DType::kFloat64:
+      *static_cast<double*>(p) = value;
+      return;
+    case DType::kBool:
+      *static_cast<uint8_t*>(p) = value != 0;
+      return;
+    case DType::kInt8:
+      *static_cast<int8_t*>(p) = static_cast<int8_t>(value);
+      return;
+    case DType::kInt16:
+      *static_cast<int16_t*>(p) = static_cast<int16_t>(value);
+      return;
+    case DType::kInt32:
+      *static_cast<int32_t*>(p) = static_cast<int32_t>(value);
+      return;
+    case DType::kInt64:
+      *static_cast<int64_t*>(p) = static_cast<int64_t>(value);
+      return;
+    case DType::kUInt8:
+      *static_cast<uint8_t*>(p) = static_cast<uint8_t>(value);
+      return;
+    case DType::kUInt16:
+      *static_cast<uint16_t*>(p) = static_cast<uint16_t>(value);
+      return;
+    case DType::kUInt32:
+      *static_cast<uint32_t*>(p) = static_cast<uint32_t>(value);
+      return;
+    case DType::kUInt64:
+      *static_cast<uint64_t*>(p) = static_cast<uint64_t>(value);
+      return;
   }
 }
 
@@ -272,7 +321,8 @@ void convert(const TensorView& from, const TensorView& to) {
       from_offset += index[d] * from.strides[d];
       to_offset += index[d] * to.strides[d];
     }
-    const char* src = static_cast<const char*>(from.data) + from_offset * static_cast<int64_t>(from_size);
+    const char* src =
+        static_cast<const char*>(from.data) + from_offset * static_cast<int64_t>(from_size);
     char* dst = static_cast<char*>(to.data) + to_offset * static_cast<int64_t>(to_size);
     if (same_plain_copy) {
       std::memcpy(dst, src, from_size);

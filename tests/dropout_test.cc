@@ -20,7 +20,6 @@
 namespace attend::test {
 namespace {
 
-
 // query (4, 64, 16), key (4, 256, 16), value (4, 256, 8): 65536 weights.
 struct Problem {
   Tensor query = random_tensor(Shape({4, 64, 16}), 21);

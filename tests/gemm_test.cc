@@ -90,9 +90,9 @@ void check_against_naive(const Problem& problem, int num_threads, const std::str
 }
 
 const Problem kProblems[] = {
-    {1, 1, 1, true},    {5, 7, 3, true},       {6, 32, 16, false}, {13, 33, 17, true},
-    {97, 65, 40, true}, {100, 48, 129, false}, {7, 200, 1, true},  {3, 5, 0, true},
-    {0, 5, 4, true},    {200, 96, 64, true},  {4, 768, 256, true}, {8, 13, 35, false},
+    {1, 1, 1, true},    {5, 7, 3, true},       {6, 32, 16, false},  {13, 33, 17, true},
+    {97, 65, 40, true}, {100, 48, 129, false}, {7, 200, 1, true},   {3, 5, 0, true},
+    {0, 5, 4, true},    {200, 96, 64, true},   {4, 768, 256, true}, {8, 13, 35, false},
 };
 
 class GemmEveryTarget : public ::testing::TestWithParam<std::string> {

@@ -78,7 +78,6 @@ void expect_matches_listing(const AttentionResult& got, const ReferenceProblem& 
   }
 }
 
-
 // ---------------------------------------------------------------------------------------
 // Bad arguments.
 

@@ -51,9 +51,9 @@ bool target_met(const CaseTarget& target, double measured);
 
 // What one timed call runs.
 enum class Workload : uint8_t {
-  kAttention,      // scaled_dot_product_attention_into on (B, H, L, E) tensors
-  kMultiHeadLayer, // MultiHeadAttention(H·E, H).forward on (B, L, H·E), projections included
-  kSpatialBlock,   // SpatialSelfAttention(H·E channels, H) on (B, H·E, 64, 64): L = 4096
+  kAttention,       // scaled_dot_product_attention_into on (B, H, L, E) tensors
+  kMultiHeadLayer,  // MultiHeadAttention(H·E, H).forward on (B, L, H·E), projections included
+  kSpatialBlock,    // SpatialSelfAttention(H·E channels, H) on (B, H·E, 64, 64): L = 4096
 };
 
 struct BenchCase {

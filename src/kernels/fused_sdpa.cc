@@ -19,9 +19,8 @@
 //   o' = α·o + Σ_j 2^(s_j − m')·keep_j·v_j;    finally output = o / l / (1 − p).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/fused_sdpa.cc"
-#include <hwy/foreach_target.h>  // IWYU pragma: keep
-
 #include <hwy/aligned_allocator.h>
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -106,26 +105,28 @@ HWY_INLINE VF Exp2(DF d, VF x) {
   const VF two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, shifted)));
   const VF result = hn::Mul(Exp2Fraction(d, f), two_to_n);
   // NaN compares false and survives: Max above may have replaced it, so restore it.
-  return hn::IfThenElse(hn::Eq(x, x), hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), result), x);
+  return hn::IfThenElse(hn::Eq(x, x), hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), result),
+                        x);
 }
 #endif
 
 // Per-thread scratch, allocated once per call and thread (never in the tile loops).
 struct Workspace {
-  hwy::AlignedFreeUniquePtr<float[]> query_t;   // [E][Tq]   scaled, transposed queries
-  hwy::AlignedFreeUniquePtr<float[]> score_t;   // [Tk][Tq]  scores, then probabilities
-  hwy::AlignedFreeUniquePtr<float[]> out_t;     // [Ev][Tq]  unnormalized output
-  hwy::AlignedFreeUniquePtr<float[]> row_max;   // [Tq]      running max m (log2 domain)
-  hwy::AlignedFreeUniquePtr<float[]> row_sum;   // [Tq]      running sum l
-  hwy::AlignedFreeUniquePtr<float[]> alpha;     // [Tq]      rescale factor of this key tile
-  hwy::AlignedFreeUniquePtr<uint8_t[]> visible; // [Tq]      some key not excluded so far
-  hwy::AlignedFreeUniquePtr<float[]> tile_max;  // [Lk/Tk][Tq] reference point per key tile
+  hwy::AlignedFreeUniquePtr<float[]> query_t;    // [E][Tq]   scaled, transposed queries
+  hwy::AlignedFreeUniquePtr<float[]> score_t;    // [Tk][Tq]  scores, then probabilities
+  hwy::AlignedFreeUniquePtr<float[]> out_t;      // [Ev][Tq]  unnormalized output
+  hwy::AlignedFreeUniquePtr<float[]> row_max;    // [Tq]      running max m (log2 domain)
+  hwy::AlignedFreeUniquePtr<float[]> row_sum;    // [Tq]      running sum l
+  hwy::AlignedFreeUniquePtr<float[]> alpha;      // [Tq]      rescale factor of this key tile
+  hwy::AlignedFreeUniquePtr<uint8_t[]> visible;  // [Tq]      some key not excluded so far
+  hwy::AlignedFreeUniquePtr<float[]> tile_max;   // [Lk/Tk][Tq] reference point per key tile
 
   explicit Workspace(const SdpaParams& p) {
     const int64_t tq = kMaxQueryVectors * kLanes;
     query_t = hwy::AllocateAligned<float>(static_cast<size_t>(p.head_dim * tq));
     score_t = hwy::AllocateAligned<float>(static_cast<size_t>(kKeyTile * tq));
-    out_t = hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1) * tq));
+    out_t =
+        hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1) * tq));
     row_max = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     row_sum = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     alpha = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
@@ -271,8 +272,8 @@ class TileAttention {
     float* score_t = ws_.score_t.get();
     int64_t j = 0;
     for (; j + kScoreKeys <= keys; j += kScoreKeys) {
-      ScoreBlock<QV, kScoreKeys>(ws_.query_t.get(), key + j * key_stride, key_stride,
-                                 p_.head_dim, score_t + j * kTq);
+      ScoreBlock<QV, kScoreKeys>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
+                                 score_t + j * kTq);
     }
     for (; j < keys; ++j) {
       ScoreBlock<QV, 1>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
@@ -285,8 +286,8 @@ class TileAttention {
   void AddBias(const Tile& tile, int64_t k0, int64_t keys) {
     float* score_t = ws_.score_t.get();
     for (int64_t r = 0; r < tile.rows; ++r) {
-      const float* bias = tile.bias + (tile.first_query + r) * p_.bias_strides.row +
-                          k0 * p_.bias_strides.column;
+      const float* bias =
+          tile.bias + (tile.first_query + r) * p_.bias_strides.row + k0 * p_.bias_strides.column;
       for (int64_t j = 0; j < keys; ++j) {
         score_t[j * kTq + r] += bias[j * p_.bias_strides.column] * kLog2e;
       }
@@ -312,13 +313,14 @@ class TileAttention {
       const VF excluded = hn::Set(d, kExcluded);
       const int64_t first_limit = k0 - p_.causal_last_key(q0);
       for (int64_t j = 0; j < keys; ++j) {
-        const auto limit = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(first_limit + j, -1, kTq)));
+        const auto limit =
+            hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(first_limit + j, -1, kTq)));
         for (int r = 0; r < QV; ++r) {
           const auto lane = hn::Iota(di, r * static_cast<int32_t>(kLanes));
           float* s = score_t + j * kTq + r * kLanes;
-          hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(lane, limit)), excluded,
-                                   hn::Load(d, s)),
-                    d, s);
+          hn::Store(
+              hn::IfThenElse(hn::RebindMask(d, hn::Lt(lane, limit)), excluded, hn::Load(d, s)), d,
+              s);
         }
       }
       return;
@@ -397,8 +399,7 @@ class TileAttention {
     for (int r = 0; r < QV; ++r) {
       const VF row_max = hn::Load(d, ws_.row_max.get() + r * kLanes);
       const VF safe_max = hn::IfThenZeroElse(hn::Eq(row_max, neg_inf), row_max);
-      const VF scale =
-          hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r * kLanes));
+      const VF scale = hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r * kLanes));
       for (int64_t t = 0; t < key_tiles; ++t) {
         float* f = factors + t * kTq + r * kLanes;
         hn::Store(hn::Mul(Exp2(d, hn::Sub(hn::Load(d, f), safe_max)), scale), d, f);
@@ -524,8 +525,8 @@ constexpr int64_t kInlineKeys = 256;
 constexpr int64_t kInlineValueDim = 512;
 
 struct RowWorkspace {
-  float* scores;  // [Lk rounded up to lanes]
-  float* out;     // [Ev rounded up to lanes]
+  float* scores;            // [Lk rounded up to lanes]
+  float* out;               // [Ev rounded up to lanes]
   int64_t tile_batch = -1;  // batch index whose pointers `tile` holds
   Tile tile{};
 
@@ -559,8 +560,8 @@ struct RowWorkspace {
 };
 
 // Σ_e a[e]·b[e] for four rows b0..b3 at once (lanes along e, scalar tail).
-HWY_INLINE void Dot4(const float* HWY_RESTRICT a, const float* b0, const float* b1,
-                     const float* b2, const float* b3, int64_t n, float* HWY_RESTRICT out) {
+HWY_INLINE void Dot4(const float* HWY_RESTRICT a, const float* b0, const float* b1, const float* b2,
+                     const float* b3, int64_t n, float* HWY_RESTRICT out) {
   const DF d;
   VF acc0 = hn::Zero(d), acc1 = hn::Zero(d), acc2 = hn::Zero(d), acc3 = hn::Zero(d);
   int64_t e = 0;
@@ -633,8 +634,8 @@ class RowAttention {
     const int64_t ks = p_.key_strides.row;
     int64_t j = 0;
     for (; j + 4 <= key_end; j += 4) {
-      Dot4(q, key + j * ks, key + (j + 1) * ks, key + (j + 2) * ks, key + (j + 3) * ks,
-           p_.head_dim, scores + j);
+      Dot4(q, key + j * ks, key + (j + 1) * ks, key + (j + 2) * ks, key + (j + 3) * ks, p_.head_dim,
+           scores + j);
     }
     for (; j < key_end; ++j) {
       float s = 0;

@@ -38,9 +38,8 @@ void reference_sdpa(const SdpaParams& params) {
                       j * p.bias_strides.column];
         }
         bool excluded = p.causal && j > p.causal_last_key(i);
-        if (p.mask &&
-            p.mask[p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row +
-                   j * p.mask_strides.column] == 0) {
+        if (p.mask && p.mask[p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row +
+                             j * p.mask_strides.column] == 0) {
           excluded = true;
         }
         if (excluded) s = double{kExcludedScore};
@@ -75,10 +74,12 @@ void reference_sdpa(const SdpaParams& params) {
         for (int64_t e = 0; e < p.value_dim; ++e) output_row[static_cast<size_t>(e)] += w * vj[e];
       }
       float* o = p.output + p.batch_offset(p.output_strides, b) + i * p.output_strides.row;
-      for (int64_t e = 0; e < p.value_dim; ++e) o[e] = static_cast<float>(output_row[static_cast<size_t>(e)]);
+      for (int64_t e = 0; e < p.value_dim; ++e)
+        o[e] = static_cast<float>(output_row[static_cast<size_t>(e)]);
       if (p.weights) {
         float* w = p.weights + p.batch_offset(p.weights_strides, b) + i * p.weights_strides.row;
-        for (int64_t j = 0; j < p.key_len; ++j) w[j] = static_cast<float>(scores[static_cast<size_t>(j)]);
+        for (int64_t j = 0; j < p.key_len; ++j)
+          w[j] = static_cast<float>(scores[static_cast<size_t>(j)]);
       }
     }
   }
