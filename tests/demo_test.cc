@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "cli_main.hpp"
+#include "cli_in_process.hpp"
 #include "svg.hpp"
 
 namespace attend {
@@ -237,29 +237,9 @@ TEST(SvgWriter, EscapesTextAndAttributes) {
 
 // --- The demo ----------------------------------------------------------------------------------
 
-struct RunResult {
-  int exit_status = -1;
-  std::string out, err;
-};
+using attend::test::run_cli;
 
-RunResult run_cli(std::vector<std::string> arguments) {
-  arguments.insert(arguments.begin(), "attend");
-  std::vector<char*> argv;
-  for (std::string& word : arguments) argv.push_back(word.data());
-  argv.push_back(nullptr);
-  RunResult result;
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  result.exit_status = attend_cli_main(static_cast<int>(arguments.size()), argv.data());
-  result.err = ::testing::internal::GetCapturedStderr();
-  result.out = ::testing::internal::GetCapturedStdout();
-  return result;
-}
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+std::string read_text(const fs::path& path) { return attend::test::read_file_bytes(path.string()); }
 
 const std::vector<std::string> kPictures = {"phrase_self_attention.svg", "cross_attention.svg",
                                             "unet_attention.svg", "vit_attention.svg"};
@@ -272,7 +252,7 @@ class Demo : public ::testing::Test {
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     directory_ = new fs::path(pattern);
     // A directory that does not exist yet: the demo creates it.
-    run_ = new RunResult(
+    run_ = new attend::test::CliRun(
         run_cli({"demo", "--out-dir", (*directory_ / "pictures").string(), "--threads", "2"}));
   }
   static void TearDownTestSuite() {
@@ -283,10 +263,10 @@ class Demo : public ::testing::Test {
   static fs::path picture(const std::string& name) { return *directory_ / "pictures" / name; }
 
   static fs::path* directory_;
-  static RunResult* run_;
+  static attend::test::CliRun* run_;
 };
 fs::path* Demo::directory_ = nullptr;
-RunResult* Demo::run_ = nullptr;
+attend::test::CliRun* Demo::run_ = nullptr;
 
 TEST_F(Demo, SucceedsAndSaysWhatItIs) {
   ASSERT_EQ(run_->exit_status, 0) << run_->err;
@@ -351,13 +331,14 @@ TEST(DemoErrors, OutDirUnderARegularFileIsOneErrorLine) {
   ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
   const fs::path directory = pattern;
   std::ofstream(directory / "file") << "not a directory";
-  const RunResult run = run_cli({"demo", "--out-dir", (directory / "file" / "pictures").string()});
+  const attend::test::CliRun run =
+      run_cli({"demo", "--out-dir", (directory / "file" / "pictures").string()});
   EXPECT_EQ(run.exit_status, 2);
   EXPECT_EQ(run.err.rfind("error: ", 0), 0u) << run.err;
   EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
   EXPECT_NE(run.err.find("--out-dir"), std::string::npos) << run.err;
   EXPECT_EQ(run.out, "") << "fails before any work";
-  const RunResult bad_threads =
+  const attend::test::CliRun bad_threads =
       run_cli({"demo", "--out-dir", (directory / "x").string(), "--threads", "zero"});
   EXPECT_EQ(bad_threads.exit_status, 2);
   EXPECT_EQ(std::count(bad_threads.err.begin(), bad_threads.err.end(), '\n'), 1);

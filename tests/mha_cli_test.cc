@@ -16,7 +16,7 @@
 #include "attend/error.hpp"
 #include "attend/npy.hpp"
 #include "attend/safetensors.hpp"
-#include "cli_main.hpp"
+#include "cli_in_process.hpp"
 
 namespace attend {
 namespace {
@@ -25,28 +25,10 @@ namespace fs = std::filesystem;
 
 const std::string kDataDir = std::string(ATTEND_TEST_DATA_DIR) + "/mha_cli/";
 
-struct RunResult {
-  int exit_status = -1;
-  std::string out, err;
-};
-
-RunResult run_cli(std::vector<std::string> arguments) {
-  arguments.insert(arguments.begin(), "attend");
-  std::vector<char*> argv;
-  for (std::string& word : arguments) argv.push_back(word.data());
-  argv.push_back(nullptr);
-  RunResult result;
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  result.exit_status = attend_cli_main(static_cast<int>(arguments.size()), argv.data());
-  result.err = ::testing::internal::GetCapturedStderr();
-  result.out = ::testing::internal::GetCapturedStdout();
-  return result;
-}
+using attend::test::run_cli;
 
 std::string read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return attend::test::read_file_bytes(path.string());
 }
 
 std::vector<double> as_doubles(const Tensor& t) {
@@ -336,7 +318,7 @@ TEST_P(MhaCliGolden, MatchesPyTorch) {
   const GoldenCase c = load_case(GetParam());
   TemporaryDirectory directory;
   const std::string out = directory / "O.npy", weights = directory / "A.npy";
-  const RunResult run = run_cli(golden_arguments(c, out, weights));
+  const attend::test::CliRun run = run_cli(golden_arguments(c, out, weights));
   ASSERT_EQ(run.exit_status, 0) << run.err;
   EXPECT_EQ(run.err, "");
   const Tensor got_output = read_npy(out), got_weights = read_npy(weights);
@@ -401,7 +383,7 @@ class MhaCliBadInput : public ::testing::Test {
 
   // Exit status 2, one "error: " line mentioning `needle`, no output file.
   void expect_refused(const std::vector<std::string>& words, const std::string& needle) const {
-    const RunResult run = run_cli(words);
+    const attend::test::CliRun run = run_cli(words);
     EXPECT_EQ(run.exit_status, 2);
     EXPECT_EQ(run.err.rfind("error: ", 0), 0u) << run.err;
     EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
@@ -490,7 +472,7 @@ TEST_F(MhaCliBadInput, ExistingOutputsAreNotClobbered) {
   }
   std::vector<std::string> words = arguments(golden_weights());
   words[6] = "3";
-  const RunResult run = run_cli(words);
+  const attend::test::CliRun run = run_cli(words);
   EXPECT_EQ(run.exit_status, 2);
   EXPECT_EQ(read_bytes(out_path()), "keep me");
   EXPECT_EQ(read_bytes(weights_out_path()), "and me");
