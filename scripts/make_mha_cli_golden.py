@@ -13,33 +13,14 @@ PyTorch's key_padding_mask and bool attn_mask are True where a key is EXCLUDED, 
 inverted here. No case has a fully masked row (PyTorch gives NaN there, attend the listing's
 uniform weights).
 """
-import json
 import os
-import struct
 
 import numpy as np
 import torch
 
+from safetensors_writer import save_safetensors
+
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "mha_cli")
-
-
-def save_safetensors(path, tensors, metadata):
-    """The safetensors format by hand: u64 header length, JSON header, raw little-endian data."""
-    header = {"__metadata__": metadata}
-    blobs, offset = [], 0
-    for name, tensor in tensors.items():
-        raw = tensor.detach().contiguous().float().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for raw in blobs:
-            f.write(raw)
 
 
 def save_npy(case, name, array):

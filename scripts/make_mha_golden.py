@@ -12,43 +12,16 @@ key_padding_mask and bool attn_mask are True where a key is EXCLUDED, so they ar
 No golden case has a fully masked row (PyTorch fills with -inf, attend with -1e9; they differ
 only there).
 """
-import json
 import os
-import struct
 
 import numpy as np
 import torch
 
+from safetensors_writer import save_safetensors
+
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "mha")
 
 _DTYPES = {"F32": (torch.float32, "<f4"), "F16": (torch.float16, "<f2")}
-
-
-def save_safetensors(path, tensors, metadata):
-    """The safetensors format by hand: u64 header length, JSON header, raw little-endian data."""
-    header = {"__metadata__": metadata}
-    blobs, offset = [], 0
-    for name, tensor in tensors.items():
-        tensor = tensor.detach().contiguous()
-        if tensor.dtype == torch.bfloat16:
-            # numpy has no bfloat16: the upper 16 bits of the float32 (exact after rounding).
-            bits = tensor.float().numpy().view(np.uint32) >> 16
-            raw, code = bits.astype("<u2").tobytes(), "BF16"
-        elif tensor.dtype == torch.float16:
-            raw, code = tensor.numpy().astype("<f2").tobytes(), "F16"
-        else:
-            raw, code = tensor.float().numpy().astype("<f4").tobytes(), "F32"
-        header[name] = {"dtype": code, "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for raw in blobs:
-            f.write(raw)
 
 
 def save_npy(case, name, array):
