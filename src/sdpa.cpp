@@ -12,22 +12,21 @@
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
 #include "kernels/kernel_list.hpp"
+#include "sdpa_boundary.hpp"
 #include "sdpa_params.hpp"
 
-namespace attend {
+namespace attend::detail {
 namespace {
-
-using detail::kMaxBatchRank;
-using detail::OperandStrides;
-using detail::SdpaParams;
-
-std::string describe(const char* name, const TensorView& t) {
-  return std::string(name) + " " + t.shape.str();
-}
 
 bool is_mask_dtype(DType d) { return !is_floating(d); }
 bool is_attention_float(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+}
+
+}  // namespace
+
+std::string describe(const char* name, const TensorView& t) {
+  return std::string(name) + " " + t.shape.str();
 }
 
 void check_view(const char* name, const TensorView& t) {
@@ -64,6 +63,7 @@ void check_view(const char* name, const TensorView& t) {
   }
 }
 
+namespace {
 // Byte range [first, last) that a view can touch; empty views touch nothing.
 struct ByteRange {
   const char* first = nullptr;
@@ -77,6 +77,8 @@ ByteRange byte_range(const TensorView& t) {
   const auto size = static_cast<int64_t>(dtype_size(t.dtype));
   return {first, first + last_offset * size + size};
 }
+}  // namespace
+
 bool overlaps(const TensorView& a, const TensorView& b) {
   const ByteRange ra = byte_range(a), rb = byte_range(b);
   return ra.first && rb.first && ra.first < rb.last && rb.first < ra.last;
@@ -135,11 +137,6 @@ TensorView as_kernel_float(const TensorView& t, std::optional<Tensor>& storage) 
   convert(t, storage->view());
   return storage->view();
 }
-
-struct Problem {
-  Shape scores_shape;  // (batch..., Lq, Lk)
-  Shape output_shape;  // (batch..., Lq, Ev)
-};
 
 Problem validate_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                         const AttentionOptions& options) {
@@ -255,14 +252,13 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
   }
 }
 
-void run(const TensorView& query, const TensorView& key, const TensorView& value,
-         const Problem& problem, const TensorView& output, const TensorView* weights,
-         const AttentionOptions& options) {
+SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,
+                       const Problem& problem, const AttentionOptions& options,
+                       KernelInputs& storage) {
   const int batch_rank = query.rank() - 2;
-  std::optional<Tensor> q_copy, k_copy, v_copy, bias_copy, mask_copy, output_copy;
-  const TensorView q = as_kernel_float(query, q_copy);
-  const TensorView k = as_kernel_float(key, k_copy);
-  const TensorView v = as_kernel_float(value, v_copy);
+  const TensorView q = as_kernel_float(query, storage.query);
+  const TensorView k = as_kernel_float(key, storage.key);
+  const TensorView v = as_kernel_float(value, storage.value);
 
   SdpaParams p;
   for (int d = 0; d < batch_rank; ++d) p.batch_shape[kMaxBatchRank - batch_rank + d] = q.shape[d];
@@ -282,9 +278,9 @@ void run(const TensorView& query, const TensorView& key, const TensorView& value
   if (options.mask) {
     TensorView m = *options.mask;
     if (dtype_size(m.dtype) != 1) {
-      mask_copy.emplace(DType::kBool, m.shape);  // nonzero → 1: 256 must not wrap to 0
-      convert(m, mask_copy->view());
-      m = mask_copy->view();
+      storage.mask.emplace(DType::kBool, m.shape);  // nonzero → 1: 256 must not wrap to 0
+      convert(m, storage.mask->view());
+      m = storage.mask->view();
     }
     p.mask = m.data_as<const uint8_t>();
     p.mask_strides = broadcast_strides("mask", m, problem.scores_shape);
@@ -292,26 +288,12 @@ void run(const TensorView& query, const TensorView& key, const TensorView& value
   if (options.bias) {
     TensorView b = *options.bias;
     if (b.dtype != DType::kFloat32) {
-      bias_copy.emplace(DType::kFloat32, b.shape);
-      convert(b, bias_copy->view());
-      b = bias_copy->view();
+      storage.bias.emplace(DType::kFloat32, b.shape);
+      convert(b, storage.bias->view());
+      b = storage.bias->view();
     }
     p.bias = b.data_as<const float>();
     p.bias_strides = broadcast_strides("bias", b, problem.scores_shape);
-  }
-
-  TensorView out = as_kernel_float(output, output_copy);
-  p.output = out.data_as<float>();
-  p.output_strides = plain_strides(out);
-  std::optional<Tensor> weights_copy;
-  if (weights) {
-    TensorView w = *weights;
-    if (w.strides.back(0) != 1 && w.shape.back(0) > 1) {
-      weights_copy.emplace(DType::kFloat32, w.shape);
-      w = weights_copy->view();
-    }
-    p.weights = w.data_as<float>();
-    p.weights_strides = plain_strides(w);
   }
 
   p.causal = options.causal;
@@ -321,20 +303,84 @@ void run(const TensorView& query, const TensorView& key, const TensorView& value
   p.dropout = static_cast<float>(options.dropout);
   p.seed = options.seed;
   p.num_threads = options.num_threads > 0 ? options.num_threads : default_num_threads();
+  return p;
+}
 
-  if (p.batch * p.query_len > 0) detail::run_kernel(p, options.backend);
+OperandStrides row_vector_strides(const TensorView& t) {
+  OperandStrides s;
+  const int batch_rank = t.rank() - 1;
+  for (int d = 0; d < batch_rank; ++d) {
+    s.batch[kMaxBatchRank - batch_rank + d] = t.shape[d] == 1 ? 0 : t.strides[d];
+  }
+  s.row = t.strides[batch_rank];
+  return s;
+}
 
-  if (output_copy) convert(out, output);
-  if (weights_copy) convert(weights_copy->view(), *weights);
+void check_logsumexp(const char* name, const TensorView& lse, const Shape& scores_shape) {
+  check_view(name, lse);
+  Shape expected = Shape::from(scores_shape.data(), scores_shape.rank() - 1);
+  if (lse.shape != expected) {
+    throw Error(describe(name, lse) + " does not match the expected shape " + expected.str() +
+                " (..., Lq)");
+  }
+  if (lse.dtype != DType::kFloat32) {
+    throw Error(std::string(name) + ": dtype " + dtype_name(lse.dtype) + " should be float32");
+  }
+}
+
+namespace {
+
+// A float32 view with a contiguous last dimension to write into: `out` itself when it is
+// one, else a staging tensor kept in `storage` (copied back by the caller).
+TensorView writable_kernel_float(const TensorView& out, std::optional<Tensor>& storage) {
+  if (out.dtype == DType::kFloat32 && (out.strides.back(0) == 1 || out.shape.back(0) <= 1)) {
+    TensorView v = out;
+    v.strides[v.rank() - 1] = 1;
+    return v;
+  }
+  storage.emplace(DType::kFloat32, out.shape);
+  return storage->view();
+}
+
+void run(const TensorView& query, const TensorView& key, const TensorView& value,
+         const Problem& problem, const AttentionOutputViews& outputs,
+         const AttentionOptions& options) {
+  KernelInputs inputs;
+  SdpaParams p = make_params(query, key, value, problem, options, inputs);
+
+  std::optional<Tensor> output_copy, weights_copy, lse_copy;
+  const TensorView out = writable_kernel_float(outputs.output, output_copy);
+  p.output = out.data_as<float>();
+  p.output_strides = plain_strides(out);
+  if (outputs.weights) {
+    const TensorView w = writable_kernel_float(*outputs.weights, weights_copy);
+    p.weights = w.data_as<float>();
+    p.weights_strides = plain_strides(w);
+  }
+  if (outputs.logsumexp) {
+    p.logsumexp = outputs.logsumexp->data_as<float>();
+    p.logsumexp_strides = row_vector_strides(*outputs.logsumexp);
+  }
+
+  if (p.batch * p.query_len > 0) run_kernel(p, options.backend);
+
+  if (output_copy) convert(output_copy->view(), outputs.output);
+  if (weights_copy) convert(weights_copy->view(), *outputs.weights);
 }
 
 }  // namespace
+}  // namespace attend::detail
+
+namespace attend {
+
+using detail::Problem;
 
 AttentionResult scaled_dot_product_attention(const TensorView& query, const TensorView& key,
                                              const TensorView& value,
                                              const AttentionOptions& options) {
-  const Problem problem = validate_inputs(query, key, value, options);
+  const Problem problem = detail::validate_inputs(query, key, value, options);
   AttentionResult result;
+  AttentionOutputViews outputs;
   if (options.need_weights) {
     const auto count = static_cast<uint64_t>(problem.scores_shape.numel());
     if (count > options.max_weights_bytes / sizeof(float)) {  // count · 4 may not fit 64 bits
@@ -345,25 +391,51 @@ AttentionResult scaled_dot_product_attention(const TensorView& query, const Tens
                   " (max_weights_bytes)");
     }
     result.weights = Tensor(DType::kFloat32, problem.scores_shape);
+    outputs.weights = result.weights.view();
+  }
+  if (options.need_logsumexp) {
+    const Shape& s = problem.scores_shape;
+    result.logsumexp = Tensor(DType::kFloat32, Shape::from(s.data(), s.rank() - 1));
+    outputs.logsumexp = result.logsumexp.view();
   }
   result.output = Tensor(query.dtype, problem.output_shape);
-  const TensorView weights_view = result.weights.view();
-  run(query, key, value, problem, result.output.view(),
-      options.need_weights ? &weights_view : nullptr, options);
+  outputs.output = result.output.view();
+  detail::run(query, key, value, problem, outputs, options);
   return result;
+}
+
+void scaled_dot_product_attention_into(const TensorView& query, const TensorView& key,
+                                       const TensorView& value, const AttentionOutputViews& outputs,
+                                       const AttentionOptions& options) {
+  const Problem problem = detail::validate_inputs(query, key, value, options);
+  detail::check_output("output", outputs.output, problem.output_shape, query.dtype, query, key,
+                       value, options);
+  if (outputs.weights) {
+    detail::check_output("weights", *outputs.weights, problem.scores_shape, DType::kFloat32,
+                         query, key, value, options);
+    if (detail::overlaps(*outputs.weights, outputs.output)) {
+      throw Error("weights overlaps the memory of output");
+    }
+  }
+  if (outputs.logsumexp) {
+    detail::check_logsumexp("logsumexp", *outputs.logsumexp, problem.scores_shape);
+    detail::check_output("logsumexp", *outputs.logsumexp, outputs.logsumexp->shape,
+                         DType::kFloat32, query, key, value, options);
+    if (detail::overlaps(*outputs.logsumexp, outputs.output) ||
+        (outputs.weights && detail::overlaps(*outputs.logsumexp, *outputs.weights))) {
+      throw Error("logsumexp overlaps the memory of another output");
+    }
+  }
+  detail::run(query, key, value, problem, outputs, options);
 }
 
 void scaled_dot_product_attention_into(const TensorView& query, const TensorView& key,
                                        const TensorView& value, const TensorView& output,
                                        const TensorView* weights, const AttentionOptions& options) {
-  const Problem problem = validate_inputs(query, key, value, options);
-  check_output("output", output, problem.output_shape, query.dtype, query, key, value, options);
-  if (weights) {
-    check_output("weights", *weights, problem.scores_shape, DType::kFloat32, query, key, value,
-                 options);
-    if (overlaps(*weights, output)) throw Error("weights overlaps the memory of output");
-  }
-  run(query, key, value, problem, output, weights, options);
+  AttentionOutputViews outputs;
+  outputs.output = output;
+  if (weights) outputs.weights = *weights;
+  scaled_dot_product_attention_into(query, key, value, outputs, options);
 }
 
 double attention_flops(int64_t batch, int64_t query_len, int64_t key_len, int64_t head_dim,

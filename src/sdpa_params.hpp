@@ -45,6 +45,11 @@ struct SdpaParams {
   float* weights = nullptr;
   OperandStrides weights_strides;
 
+  // logsumexp (..., Lq): lse_i = log Σ_j exp(s_ij) (natural log), written when not null.
+  // Its `row` stride steps along Lq; `column` is unused.
+  float* logsumexp = nullptr;
+  OperandStrides logsumexp_strides;
+
   // Optional mask (nonzero keeps) and bias, broadcast to (..., Lq, Lk) through strides.
   const uint8_t* mask = nullptr;
   OperandStrides mask_strides;
@@ -71,6 +76,28 @@ struct SdpaParams {
   }
   // Last key index query i may see under causality (inclusive); may be negative.
   int64_t causal_last_key(int64_t query_index) const { return query_index + (key_len - query_len); }
+};
+
+// The backward pass (see attend/sdpa_backward.hpp). `forward` holds the sizes, inputs,
+// mask, bias and options exactly as the forward saw them; forward.output is the forward's
+// output O (read only here), forward.weights and forward.logsumexp are null.
+struct SdpaBackwardParams {
+  SdpaParams forward;
+  const float* grad_output = nullptr;  // dO (..., Lq, Ev)
+  OperandStrides grad_output_strides;
+  const float* logsumexp = nullptr;  // (..., Lq), the forward's; `row` steps along Lq
+  OperandStrides logsumexp_strides;
+
+  float* grad_query = nullptr;  // dQ (..., Lq, E): written
+  OperandStrides grad_query_strides;
+  float* grad_key = nullptr;  // dK (..., Lk, E): written
+  OperandStrides grad_key_strides;
+  float* grad_value = nullptr;  // dV (..., Lk, Ev): written
+  OperandStrides grad_value_strides;
+  // dS (..., Lq, Lk), the gradient of the scores (zero where excluded), written when not
+  // null: the API boundary reduces it to the bias gradient.
+  float* grad_scores = nullptr;
+  OperandStrides grad_scores_strides;
 };
 
 }  // namespace attend::detail

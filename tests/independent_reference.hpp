@@ -3,7 +3,7 @@
 // It shares no code with the library: contiguous std::vector storage, broadcasting of mask
 // and bias by explicit index arithmetic, one query row at a time. It checks the library's
 // reference backend (the oracle of the differential harness), so the oracle itself is
-// checked. No dropout.
+// checked. Dropout only as given factors (ReferenceProblem::dropout_factor).
 //
 //   scores  = Q·Kᵀ · scale + bias               (batch..., Lq, Lk)
 //   scores  = masked_fill(mask == 0 or (causal and j > i + Lk - Lq), -1e9)
@@ -36,6 +36,9 @@ struct ReferenceProblem {
   bool causal = false;
   double scale = 1.0;
   bool zero_fully_masked_rows = false;
+  // Dropout: the factor (0 or 1/(1 − p)) of weight (b, i, j) at flat index (b·Lq + i)·Lk + j;
+  // empty means no dropout.
+  std::vector<double> dropout_factor;
 
   int64_t batch() const {
     int64_t count = 1;
@@ -133,6 +136,9 @@ inline ReferenceResult independent_attention(const ReferenceProblem& p) {
         weights[j] = (!any_visible && p.zero_fully_masked_rows)
                          ? 0.0
                          : std::exp(scores[static_cast<size_t>(j)] - max_score) / sum;
+        if (!p.dropout_factor.empty()) {
+          weights[j] *= p.dropout_factor[static_cast<size_t>((b * Lq + i) * Lk + j)];
+        }
       }
       // 3. output row = weights · V.
       double* output = &result.output[static_cast<size_t>((b * Lq + i) * Ev)];

@@ -8,5 +8,6 @@
 #include "attend/runtime.hpp"
 #include "attend/safetensors.hpp"
 #include "attend/sdpa.hpp"
+#include "attend/sdpa_backward.hpp"
 #include "attend/spatial.hpp"
 #include "attend/tensor.hpp"

@@ -52,6 +52,8 @@ struct AttentionOptions {
   uint64_t seed = 0;
   // Also return the weights (after dropout), float32 (..., Lq, Lk).
   bool need_weights = false;
+  // Also return the log-sum-exp of each query row's scores (what the backward pass needs).
+  bool need_logsumexp = false;
   // Threads to use; 0 means the OpenMP default. The result does not depend on it.
   int num_threads = 0;
   Backend backend = Backend::kAuto;
@@ -60,8 +62,12 @@ struct AttentionOptions {
 };
 
 struct AttentionResult {
-  Tensor output;   // (..., Lq, Ev), dtype of query
-  Tensor weights;  // (..., Lq, Lk) float32 when need_weights, else empty
+  Tensor output;     // (..., Lq, Ev), dtype of query
+  Tensor weights;    // (..., Lq, Lk) float32 when need_weights, else empty
+  // (..., Lq) float32 when need_logsumexp, else empty: lse_i = log Σ_j exp(s_ij) over the
+  // scores after masking (natural log). Rows with every key excluded: -1e9 + log(Lk) for
+  // FullyMaskedRows::kUniform (what the listing's scores give), -inf for kZero.
+  Tensor logsumexp;
 };
 
 // Validates every argument (throws attend::Error naming the problem), then runs.
@@ -75,6 +81,17 @@ AttentionResult scaled_dot_product_attention(const TensorView& query, const Tens
 void scaled_dot_product_attention_into(const TensorView& query, const TensorView& key,
                                        const TensorView& value, const TensorView& output,
                                        const TensorView* weights,
+                                       const AttentionOptions& options = {});
+
+// All the outputs of one call, as caller-provided views: output (..., Lq, Ev) of query's
+// dtype; optional weights float32 (..., Lq, Lk) and logsumexp float32 (..., Lq).
+struct AttentionOutputViews {
+  TensorView output;
+  std::optional<TensorView> weights;
+  std::optional<TensorView> logsumexp;
+};
+void scaled_dot_product_attention_into(const TensorView& query, const TensorView& key,
+                                       const TensorView& value, const AttentionOutputViews& outputs,
                                        const AttentionOptions& options = {});
 
 // Multiply-add count of one call: 4·batch·Lq·Lk·E for E == Ev (2·Lq·Lk·E for Q·Kᵀ and

@@ -29,15 +29,14 @@
 #include <cstring>
 #include <limits>
 
-#if HWY_ARCH_X86
-#include <xmmintrin.h>  // MXCSR: flush-to-zero and denormals-are-zero
-#endif
-
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
 #include "kernels/fused_sdpa.hpp"
 #include "runtime_internal.hpp"
+
+// Exp2, kLog2e and DenormalsAreZero, once per target.
+#include "kernels/exp2-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -65,50 +64,19 @@ constexpr int kValueColumns = 6;
 constexpr int kScoreKeys = 2;
 constexpr int kValueColumns = 2;
 #endif
-constexpr float kLog2e = 1.4426950408889634f;
 
-// 2^f for |f| <= 1/2: 1 + f·(c1 + c2·f + ... + c5·f^4), fitted for least relative error on
-// Chebyshev nodes (float32 coefficients). Evaluated in float32 its relative error is below
-// 1.8e-7 (3 ulps), less than the degree-6 Taylor polynomial's, with one FMA less; 2^0 is
-// exactly 1.
-HWY_INLINE VF Exp2Fraction(DF d, VF f) {
-  VF poly = hn::Set(d, 1.3268215116113424e-3f);
-  poly = hn::MulAdd(poly, f, hn::Set(d, 9.671511128544807e-3f));
-  poly = hn::MulAdd(poly, f, hn::Set(d, 5.550721660256386e-2f));
-  poly = hn::MulAdd(poly, f, hn::Set(d, 0.24022242426872253f));
-  poly = hn::MulAdd(poly, f, hn::Set(d, 0.6931470036506653f));
-  return hn::MulAdd(poly, f, hn::Set(d, 1.0f));
+// Natural log-sum-exp of a row from its log2-domain maximum m and its sum l = Σ 2^(s − m).
+inline float LogSumExp(float max_log2, float sum) {
+  return static_cast<float>(static_cast<double>(max_log2) * 0.6931471805599453 +
+                            std::log(static_cast<double>(sum)));
 }
-
-// 2^x for x <= 0 (NaN propagates): x = n + f with n = round(x), 2^x = 2^f · 2^n. Results
-// below 2^-126 are flushed to 0 (such weights are < 1e-38 of the row's largest), which also
-// keeps the kernel free of denormal slow paths; -1e9 (excluded) gives exactly 0.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// AVX-512: vreduceps gives f = x − round(x) in one instruction and vscalefps multiplies by
-// 2^n with the exponent range handled in hardware: below 2^-126 the kernel threads' FTZ
-// flushes the result to 0. x is first raised to at least -1000 (so -inf gives 0, not NaN);
-// vmaxps returns its second operand when either is NaN, so NaN propagates.
-HWY_INLINE VF Exp2(DF d, VF x) {
-  x = hn::Max(hn::Set(d, -1000.0f), x);
-  const VF f{_mm512_reduce_ps(x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
-  return VF{_mm512_scalef_ps(Exp2Fraction(d, f).raw, hn::Sub(x, f).raw)};
+// A row whose every key is excluded: the listing's scores are all -1e9, so
+// log Σ exp = -1e9 + log Lk; -inf when such rows are zeroed.
+inline float FullyExcludedLogSumExp(const SdpaParams& p) {
+  return p.zero_fully_masked_rows
+             ? -std::numeric_limits<float>::infinity()
+             : static_cast<float>(-1e9 + std::log(static_cast<double>(p.key_len)));
 }
-#else
-// Portable: adding 1.5·2^23 rounds x to an integer n held in the low mantissa bits; with
-// 127 added as well, shifting those bits into the exponent field builds 2^n.
-HWY_INLINE VF Exp2(DF d, VF x) {
-  const hn::RebindToSigned<DF> di;
-  const VF magic = hn::Set(d, 12582912.0f + 127.0f);
-  const VF clamped = hn::Max(x, hn::Set(d, -127.0f));  // keeps n + 127 >= 0
-  const VF shifted = hn::Add(clamped, magic);
-  const VF f = hn::Sub(clamped, hn::Sub(shifted, magic));
-  const VF two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, shifted)));
-  const VF result = hn::Mul(Exp2Fraction(d, f), two_to_n);
-  // NaN compares false and survives: Max above may have replaced it, so restore it.
-  return hn::IfThenElse(hn::Eq(x, x), hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), result),
-                        x);
-}
-#endif
 
 // Per-thread scratch, allocated once per call and thread (never in the tile loops).
 struct Workspace {
@@ -149,6 +117,7 @@ struct Tile {
   const float* value;
   float* output;
   float* weights;
+  float* logsumexp;
   const uint8_t* mask;
   const float* bias;
 };
@@ -246,7 +215,16 @@ class TileAttention {
       RescaleWeights(tile, key_tile_index, keep_scale);
     }
     FinishOutput(tile, keep_scale);
-    if (p_.mask != nullptr || p_.causal) FixFullyExcludedRows(tile);
+    const bool may_exclude_rows = p_.mask != nullptr || p_.causal;
+    if (tile.logsumexp) {
+      for (int64_t r = 0; r < tile.rows; ++r) {
+        tile.logsumexp[(tile.first_query + r) * p_.logsumexp_strides.row] =
+            may_exclude_rows && !ws_.visible[r]
+                ? FullyExcludedLogSumExp(p_)
+                : LogSumExp(ws_.row_max[r], ws_.row_sum[r]);
+      }
+    }
+    if (may_exclude_rows) FixFullyExcludedRows(tile);
   }
 
  private:
@@ -644,20 +622,22 @@ class RowAttention {
     }
     const float* bias = tile.bias ? tile.bias + i * p_.bias_strides.row : nullptr;
     const uint8_t* mask = tile.mask ? tile.mask + i * p_.mask_strides.row : nullptr;
-    // Pad to whole vectors with -inf: 2^(-inf) = 0 leaves the sum alone.
+    // Pad to whole vectors with -inf (after scaling: the scale may be negative):
+    // 2^(-inf) = 0 leaves the sum alone.
     const int64_t padded_end = static_cast<int64_t>(
         hwy::RoundUpTo(static_cast<size_t>(key_end), static_cast<size_t>(kLanes)));
-    std::fill(scores + key_end, scores + padded_end, -std::numeric_limits<float>::infinity());
     VF max_v = hn::Set(d, -std::numeric_limits<float>::infinity());
     if (bias == nullptr && mask == nullptr) {
+      std::fill(scores + key_end, scores + padded_end, 0.0f);
       const VF factor_v = hn::Set(d, factor);
       for (j = 0; j < padded_end; j += kLanes) {
-        const VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
-        hn::Store(s, d, scores + j);
-        max_v = hn::Max(max_v, s);
+        hn::Store(hn::Mul(hn::Load(d, scores + j), factor_v), d, scores + j);
       }
+      std::fill(scores + key_end, scores + padded_end, -std::numeric_limits<float>::infinity());
+      for (j = 0; j < padded_end; j += kLanes) max_v = hn::Max(max_v, hn::Load(d, scores + j));
       visible = key_end > 0;
     } else {
+      std::fill(scores + key_end, scores + padded_end, -std::numeric_limits<float>::infinity());
       constexpr float kExcluded = kExcludedScore * kLog2e;
       for (j = 0; j < key_end; ++j) {
         float s = scores[j] * factor;
@@ -721,7 +701,12 @@ class RowAttention {
     }
     for (; c < p_.value_dim; ++c) o[c] = out[c] * out_factor;
 
-    if (!visible && (p_.mask != nullptr || p_.causal)) FixFullyExcludedRow(tile);
+    const bool excluded_row = !visible && (p_.mask != nullptr || p_.causal);
+    if (tile.logsumexp) {
+      tile.logsumexp[i * p_.logsumexp_strides.row] =
+          excluded_row ? FullyExcludedLogSumExp(p_) : LogSumExp(row_max, sum);
+    }
+    if (excluded_row) FixFullyExcludedRow(tile);
   }
 
  private:
@@ -764,24 +749,13 @@ Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
   tile.value = p.value + p.batch_offset(p.value_strides, b);
   tile.output = p.output + p.batch_offset(p.output_strides, b);
   tile.weights = p.weights ? p.weights + p.batch_offset(p.weights_strides, b) : nullptr;
+  tile.logsumexp =
+      p.logsumexp ? p.logsumexp + p.batch_offset(p.logsumexp_strides, b) : nullptr;
   tile.mask = p.mask ? p.mask + p.batch_offset(p.mask_strides, b) : nullptr;
   tile.bias = p.bias ? p.bias + p.batch_offset(p.bias_strides, b) : nullptr;
   return tile;
 }
 
-// Sets flush-to-zero and denormals-are-zero for this thread while alive (x86): denormal
-// inputs or products would otherwise take microcode assists, over 100 cycles each. Results
-// change only below 1.2e-38.
-class DenormalsAreZero {
- public:
-#if HWY_ARCH_X86
-  DenormalsAreZero() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
-  ~DenormalsAreZero() { _mm_setcsr(saved_); }
-
- private:
-  unsigned saved_;
-#endif
-};
 
 // Runs items [0, items) on p.num_threads threads, each with its own workspace; inline when
 // one thread suffices. Each item is computed by one thread with the same instruction

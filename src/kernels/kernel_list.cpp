@@ -4,28 +4,41 @@
 
 #include "attend/error.hpp"
 #include "kernels/fused_sdpa.hpp"
+#include "kernels/fused_sdpa_backward.hpp"
 #include "reference/reference_sdpa.hpp"
+#include "reference/reference_sdpa_backward.hpp"
 
 namespace attend::detail {
 namespace {
 
-const char* reference_rejects(const SdpaParams&) { return nullptr; }
+template <class Params>
+const char* reference_rejects(const Params&) {
+  return nullptr;
+}
 
+template <class Params>
 struct Candidate {
   Backend backend;
   const char* name;
-  const char* (*rejects)(const SdpaParams&);
-  void (*run)(const SdpaParams&);
+  const char* (*rejects)(const Params&);
+  void (*run)(const Params&);
 };
 
 // Fastest first; the reference last, accepting everything.
-constexpr Candidate kCandidates[] = {
+constexpr Candidate<SdpaParams> kCandidates[] = {
     {Backend::kFused, "fused", fused_sdpa_rejects, fused_sdpa},
-    {Backend::kReference, "reference", reference_rejects, reference_sdpa},
+    {Backend::kReference, "reference", reference_rejects<SdpaParams>, reference_sdpa},
+};
+constexpr Candidate<SdpaBackwardParams> kBackwardCandidates[] = {
+    {Backend::kFused, "fused", fused_sdpa_backward_rejects, fused_sdpa_backward},
+    {Backend::kReference, "reference", reference_rejects<SdpaBackwardParams>,
+     reference_sdpa_backward},
 };
 
-const Candidate& choose(const SdpaParams& params, Backend backend) {
-  for (const Candidate& c : kCandidates) {
+template <class Params, size_t N>
+const Candidate<Params>& choose(const Candidate<Params> (&candidates)[N], const Params& params,
+                                Backend backend) {
+  for (const Candidate<Params>& c : candidates) {
     if (backend != Backend::kAuto && c.backend != backend) continue;
     const char* why = c.rejects(params);
     if (why == nullptr) return c;
@@ -33,15 +46,21 @@ const Candidate& choose(const SdpaParams& params, Backend backend) {
       throw Error(std::string("backend ") + c.name + " cannot run this problem: " + why);
     }
   }
-  return kCandidates[std::size(kCandidates) - 1];
+  return candidates[N - 1];
 }
 
 }  // namespace
 
-void run_kernel(const SdpaParams& params, Backend backend) { choose(params, backend).run(params); }
+void run_kernel(const SdpaParams& params, Backend backend) {
+  choose(kCandidates, params, backend).run(params);
+}
+
+void run_backward_kernel(const SdpaBackwardParams& params, Backend backend) {
+  choose(kBackwardCandidates, params, backend).run(params);
+}
 
 const char* chosen_kernel(const SdpaParams& params, Backend backend) {
-  return choose(params, backend).name;
+  return choose(kCandidates, params, backend).name;
 }
 
 }  // namespace attend::detail

@@ -12,6 +12,9 @@ namespace attend::detail {
 // attend::Error with its reason when that one rejects).
 void run_kernel(const SdpaParams& params, Backend backend);
 
+// The same for the backward pass.
+void run_backward_kernel(const SdpaBackwardParams& params, Backend backend);
+
 // Name of the candidate run_kernel would pick, e.g. "fused" or "reference".
 const char* chosen_kernel(const SdpaParams& params, Backend backend);
 

@@ -57,6 +57,10 @@ void reference_sdpa(const SdpaParams& params) {
         sum += s;
       }
       for (double& s : scores) s = zero_row ? 0.0 : s / sum;
+      if (p.logsumexp) {
+        p.logsumexp[p.batch_offset(p.logsumexp_strides, b) + i * p.logsumexp_strides.row] =
+            zero_row ? -INFINITY : static_cast<float>(max_score + std::log(sum));
+      }
 
       // 3. dropout on the weights.
       if (p.dropout > 0) {

@@ -1,0 +1,87 @@
+// exp2-inl.h: 2^x for the attention kernels, kLog2e, and the FTZ/DAZ guard, compiled once
+// per Highway target (include it after foreach_target.h, as Highway's -inl.h headers).
+#if defined(ATTEND_KERNELS_EXP2_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTEND_KERNELS_EXP2_INL_H_
+#undef ATTEND_KERNELS_EXP2_INL_H_
+#else
+#define ATTEND_KERNELS_EXP2_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#if HWY_ARCH_X86
+#include <xmmintrin.h>  // MXCSR: flush-to-zero and denormals-are-zero
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace attend::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^f for |f| <= 1/2: 1 + f·(c1 + c2·f + ... + c5·f^4), fitted for least relative error on
+// Chebyshev nodes (float32 coefficients). Evaluated in float32 its relative error is below
+// 1.8e-7 (3 ulps), less than the degree-6 Taylor polynomial's, with one FMA less; 2^0 is
+// exactly 1.
+HWY_INLINE VF Exp2Fraction(DF d, VF f) {
+  VF poly = hn::Set(d, 1.3268215116113424e-3f);
+  poly = hn::MulAdd(poly, f, hn::Set(d, 9.671511128544807e-3f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 5.550721660256386e-2f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.24022242426872253f));
+  poly = hn::MulAdd(poly, f, hn::Set(d, 0.6931470036506653f));
+  return hn::MulAdd(poly, f, hn::Set(d, 1.0f));
+}
+
+// 2^x for x <= 0 (NaN propagates): x = n + f with n = round(x), 2^x = 2^f · 2^n. Results
+// below 2^-126 are flushed to 0 (such weights are < 1e-38 of the row's largest), which also
+// keeps the kernel free of denormal slow paths; -1e9 (excluded) gives exactly 0.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// AVX-512: vreduceps gives f = x − round(x) in one instruction and vscalefps multiplies by
+// 2^n with the exponent range handled in hardware: below 2^-126 the kernel threads' FTZ
+// flushes the result to 0. x is first raised to at least -1000 (so -inf gives 0, not NaN);
+// vmaxps returns its second operand when either is NaN, so NaN propagates.
+HWY_INLINE VF Exp2(DF d, VF x) {
+  x = hn::Max(hn::Set(d, -1000.0f), x);
+  const VF f{_mm512_reduce_ps(x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  return VF{_mm512_scalef_ps(Exp2Fraction(d, f).raw, hn::Sub(x, f).raw)};
+}
+#else
+// Portable: adding 1.5·2^23 rounds x to an integer n held in the low mantissa bits; with
+// 127 added as well, shifting those bits into the exponent field builds 2^n.
+HWY_INLINE VF Exp2(DF d, VF x) {
+  const hn::RebindToSigned<DF> di;
+  const VF magic = hn::Set(d, 12582912.0f + 127.0f);
+  const VF clamped = hn::Max(x, hn::Set(d, -127.0f));  // keeps n + 127 >= 0
+  const VF shifted = hn::Add(clamped, magic);
+  const VF f = hn::Sub(clamped, hn::Sub(shifted, magic));
+  const VF two_to_n = hn::BitCast(d, hn::ShiftLeft<23>(hn::BitCast(di, shifted)));
+  const VF result = hn::Mul(Exp2Fraction(d, f), two_to_n);
+  // NaN compares false and survives: Max above may have replaced it, so restore it.
+  return hn::IfThenElse(hn::Eq(x, x), hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -126.0f)), result),
+                        x);
+}
+#endif
+
+// Sets flush-to-zero and denormals-are-zero for this thread while alive (x86): denormal
+// inputs or products would otherwise take microcode assists, over 100 cycles each. Results
+// change only below 1.2e-38.
+class DenormalsAreZero {
+ public:
+#if HWY_ARCH_X86
+  DenormalsAreZero() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~DenormalsAreZero() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attend::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTEND_KERNELS_EXP2_INL_H_

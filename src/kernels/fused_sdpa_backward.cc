@@ -1,0 +1,497 @@
+// fused_sdpa_backward.cc: the tiled attention backward (FlashAttention-2's, Dao 2023, made
+// deterministic) in one Highway source compiled for every SIMD target.
+//
+// Reads  Q (..., Lq, E), K (..., Lk, E), V (..., Lk, Ev), mask, bias, dO and O (..., Lq, Ev),
+//        the forward's log-sum-exp (..., Lq): see sdpa_params.hpp.
+// Writes dQ, dK, dV and, on request, dS (..., Lq, Lk) for the bias gradient.
+//
+// Work item = (batch index b, key chunk c). Each item owns the keys of its chunk: for every
+// key tile (kKeyTile keys) it loops over the query tiles, recomputing per (key tile, query
+// tile) in the transposed layout of the forward (queries along the lanes):
+//   Sᵀ[j][q]  = Σ_e K[j][e]·Q̂ᵀ[e][q]          Q̂ = Q·scale·log2 e  (+ bias·log2 e, exclusions)
+//   Pᵀ        = 2^(Sᵀ − lse₂[q])                 lse₂ = lse·log2 e (+inf for dead rows: P = 0)
+//   dP̃ᵀ[j][q] = Σ_c V[j][c]·dOᵀ[c][q]
+//   P̃ᵀ = Pᵀ·Z/(1−p);  dSᵀ = Pᵀ·(dP̃ᵀ·Z/(1−p) − D[q]),  D = rowsum(dO ⊙ O)
+//   dV[j] += Σ_q P̃ᵀ[j][q]·dO[q];  dK[j] += Σ_q dSᵀ[j][q]·Q[q];  dQ[q] += Σ_j dSᵀ[j][q]·K[j]
+// dK and dV of a key tile stay in the workspace until its last query tile; dQ of the item
+// accumulates in a per-item (Lq × E) buffer. The number of chunks depends on the shape only
+// (never on the thread count), and the chunks' dQ parts are summed in chunk order after the
+// parallel loop: results are bitwise identical at any thread count, with no atomics.
+// Extra memory: per thread O(Lq·(E + Ev)), plus (chunks − 1)·batch·Lq·E for the dQ parts.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/fused_sdpa_backward.cc"
+#include <hwy/aligned_allocator.h>
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "attend/sdpa.hpp"
+#include "dropout.hpp"
+#include "kernels/fused_sdpa_backward.hpp"
+#include "runtime_internal.hpp"
+
+// Exp2, kLog2e and DenormalsAreZero, once per target.
+#include "kernels/exp2-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace attend::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
+// Query tile: 4 vectors (64 queries on AVX-512), as the forward. Key tile: 64 keys, so that
+// the dK and dV accumulators (64 × E floats each, 32 KiB at E = 128) stay in L1/L2 while
+// every query tile passes.
+constexpr int64_t kQueryTile = 4 * kLanes;
+constexpr int64_t kKeyTile = 64;
+// Register blocks of the products: kRows rows of broadcast A × up to kVectors vectors of B.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kRows = 6;
+constexpr int kVectors = 4;
+#else
+constexpr int kRows = 3;
+constexpr int kVectors = 2;
+#endif
+
+int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// c[m][n] (+)= Σ_k a(m, k)·b[k][n] for ROWS rows m and VECS vectors of n: a(m, k) =
+// a[m·a_row + k·a_col] broadcast, b rows contiguous (b_row apart), c rows c_row apart.
+template <int ROWS, int VECS>
+HWY_INLINE void Block(int64_t depth, const float* a, int64_t a_row, int64_t a_col,
+                      const float* HWY_RESTRICT b, int64_t b_row, float* HWY_RESTRICT c,
+                      int64_t c_row, bool accumulate) {
+  const DF d;
+  VF acc[ROWS][VECS];
+  for (int m = 0; m < ROWS; ++m) {
+    for (int v = 0; v < VECS; ++v) {
+      acc[m][v] = accumulate ? hn::Load(d, c + m * c_row + v * kLanes) : hn::Zero(d);
+    }
+  }
+  for (int64_t k = 0; k < depth; ++k) {
+    VF bv[VECS];
+    for (int v = 0; v < VECS; ++v) bv[v] = hn::Load(d, b + k * b_row + v * kLanes);
+    for (int m = 0; m < ROWS; ++m) {
+      const VF av = hn::Set(d, a[m * a_row + k * a_col]);
+      for (int v = 0; v < VECS; ++v) acc[m][v] = hn::MulAdd(av, bv[v], acc[m][v]);
+    }
+  }
+  for (int m = 0; m < ROWS; ++m) {
+    for (int v = 0; v < VECS; ++v) hn::Store(acc[m][v], d, c + m * c_row + v * kLanes);
+  }
+}
+
+// The product over `rows` × `vectors` (c[m][0, vectors·lanes)), in register blocks.
+template <int VECS>
+HWY_INLINE void ProductColumns(int64_t rows, int64_t depth, const float* a, int64_t a_row,
+                               int64_t a_col, const float* b, int64_t b_row, float* c,
+                               int64_t c_row, bool accumulate) {
+  int64_t m = 0;
+  for (; m + kRows <= rows; m += kRows) {
+    Block<kRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
+                       accumulate);
+  }
+  for (; m < rows; ++m) {
+    Block<1, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
+                   accumulate);
+  }
+}
+
+void Product(int64_t rows, int64_t vectors, int64_t depth, const float* a, int64_t a_row,
+             int64_t a_col, const float* b, int64_t b_row, float* c, int64_t c_row,
+             bool accumulate) {
+  int64_t v = 0;
+  for (; v + kVectors <= vectors; v += kVectors) {
+    ProductColumns<kVectors>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row,
+                             c + v * kLanes, c_row, accumulate);
+  }
+  for (; v < vectors; ++v) {
+    ProductColumns<1>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
+                      c_row, accumulate);
+  }
+}
+
+// Per-thread scratch, allocated once per call and thread. Rows are padded to whole vectors
+// (E_pad, Ev_pad) and queries to whole tiles (Lq_pad), with zeros.
+struct BackwardWorkspace {
+  int64_t lq_pad, e_pad, ev_pad;
+  hwy::AlignedFreeUniquePtr<float[]> query_t;   // [E][Lq_pad]      Q·scale·log2 e, transposed
+  hwy::AlignedFreeUniquePtr<float[]> dout_t;    // [Ev][Lq_pad]     dO transposed
+  hwy::AlignedFreeUniquePtr<float[]> query;     // [Lq_pad][E_pad]  Q
+  hwy::AlignedFreeUniquePtr<float[]> dout;      // [Lq_pad][Ev_pad] dO
+  hwy::AlignedFreeUniquePtr<float[]> lse2;      // [Lq_pad]         lse·log2 e, +inf if dead
+  hwy::AlignedFreeUniquePtr<float[]> delta;     // [Lq_pad]         D = rowsum(dO ⊙ O)
+  hwy::AlignedFreeUniquePtr<float[]> dq;        // [Lq_pad][E_pad]  Σ_j dS·K of this item
+  hwy::AlignedFreeUniquePtr<float[]> key;       // [Tk][E_pad]      K of the key tile
+  hwy::AlignedFreeUniquePtr<float[]> dk;        // [Tk][E_pad]
+  hwy::AlignedFreeUniquePtr<float[]> dv;        // [Tk][Ev_pad]
+  hwy::AlignedFreeUniquePtr<float[]> prob_t;    // [Tk][Tq]  Sᵀ, then Pᵀ, then P̃ᵀ
+  hwy::AlignedFreeUniquePtr<float[]> grad_t;    // [Tk][Tq]  dP̃ᵀ, then dSᵀ
+  hwy::AlignedFreeUniquePtr<float[]> keep;      // [Tk][Tq]  Z/(1 − p), with dropout
+  std::vector<int64_t> dead_rows;               // rows with every key excluded (kUniform)
+
+  explicit BackwardWorkspace(const SdpaParams& p)
+      : lq_pad(RoundUp(std::max<int64_t>(p.query_len, 1), kQueryTile)),
+        e_pad(RoundUp(p.head_dim, kLanes)),
+        ev_pad(RoundUp(p.value_dim, kLanes)) {
+    const auto n = [](int64_t count) { return static_cast<size_t>(count); };
+    query_t = hwy::AllocateAligned<float>(n(p.head_dim * lq_pad));
+    dout_t = hwy::AllocateAligned<float>(n(p.value_dim * lq_pad));
+    query = hwy::AllocateAligned<float>(n(lq_pad * e_pad));
+    dout = hwy::AllocateAligned<float>(n(lq_pad * ev_pad));
+    lse2 = hwy::AllocateAligned<float>(n(lq_pad));
+    delta = hwy::AllocateAligned<float>(n(lq_pad));
+    dq = hwy::AllocateAligned<float>(n(lq_pad * e_pad));
+    key = hwy::AllocateAligned<float>(n(kKeyTile * e_pad));
+    dk = hwy::AllocateAligned<float>(n(kKeyTile * e_pad));
+    dv = hwy::AllocateAligned<float>(n(kKeyTile * ev_pad));
+    prob_t = hwy::AllocateAligned<float>(n(kKeyTile * kQueryTile));
+    grad_t = hwy::AllocateAligned<float>(n(kKeyTile * kQueryTile));
+    keep = hwy::AllocateAligned<float>(n(p.dropout > 0 ? kKeyTile * kQueryTile : 1));
+  }
+  bool ok() const {
+    return query_t && dout_t && query && dout && lse2 && delta && dq && key && dk && dv &&
+           prob_t && grad_t && keep;
+  }
+};
+
+// Key chunks per batch index: enough work items to keep 8 threads busy when the batch is
+// small. A function of the shape only, so the summation order of dQ never depends on the
+// thread count.
+int64_t KeyChunks(const SdpaParams& p) {
+  const int64_t key_tiles = (p.key_len + kKeyTile - 1) / kKeyTile;
+  return std::clamp<int64_t>((8 + p.batch - 1) / p.batch, 1, key_tiles);
+}
+
+class BackwardItem {
+ public:
+  BackwardItem(const SdpaBackwardParams& bp, BackwardWorkspace& ws) : bp_(bp), p_(bp.forward), ws_(ws) {}
+
+  // Keys [key_begin, key_end) of batch index b; dQ's part goes to dq_out (row stride
+  // dq_row), scaled, when `finish_dq`, else unscaled into dq_out as a part to be summed.
+  void Run(int64_t b, int64_t key_begin, int64_t key_end, float* dq_out, int64_t dq_row) {
+    b_ = b;
+    query_ = p_.query + p_.batch_offset(p_.query_strides, b);
+    key_ = p_.key + p_.batch_offset(p_.key_strides, b);
+    value_ = p_.value + p_.batch_offset(p_.value_strides, b);
+    mask_ = p_.mask ? p_.mask + p_.batch_offset(p_.mask_strides, b) : nullptr;
+    bias_ = p_.bias ? p_.bias + p_.batch_offset(p_.bias_strides, b) : nullptr;
+    grad_scores_ = bp_.grad_scores
+                       ? bp_.grad_scores + p_.batch_offset(bp_.grad_scores_strides, b)
+                       : nullptr;
+    LoadQueryRows();
+    std::fill_n(ws_.dq.get(), ws_.lq_pad * ws_.e_pad, 0.0f);
+    for (int64_t k0 = key_begin; k0 < key_end; k0 += kKeyTile) {
+      KeyTile(k0, std::min(kKeyTile, key_end - k0));
+    }
+    for (int64_t i = 0; i < p_.query_len; ++i) {
+      const float* from = ws_.dq.get() + i * ws_.e_pad;
+      float* to = dq_out + i * dq_row;
+      for (int64_t e = 0; e < p_.head_dim; ++e) to[e] = from[e];
+    }
+  }
+
+ private:
+  // Q̂ᵀ, Qᵀ padded, dOᵀ, dO padded, lse₂, D and the dead rows of batch index b_.
+  void LoadQueryRows() {
+    const int64_t lq = p_.query_len, lq_pad = ws_.lq_pad, e_pad = ws_.e_pad, ev_pad = ws_.ev_pad;
+    const float factor = p_.scale * kLog2e;
+    const float* dout = bp_.grad_output + p_.batch_offset(bp_.grad_output_strides, b_);
+    const float* out = p_.output + p_.batch_offset(p_.output_strides, b_);
+    const float* lse = bp_.logsumexp + p_.batch_offset(bp_.logsumexp_strides, b_);
+    std::fill_n(ws_.query.get(), lq_pad * e_pad, 0.0f);
+    std::fill_n(ws_.dout.get(), lq_pad * ev_pad, 0.0f);
+    std::fill_n(ws_.query_t.get(), p_.head_dim * lq_pad, 0.0f);
+    std::fill_n(ws_.dout_t.get(), p_.value_dim * lq_pad, 0.0f);
+    std::fill_n(ws_.lse2.get(), lq_pad, std::numeric_limits<float>::infinity());
+    std::fill_n(ws_.delta.get(), lq_pad, 0.0f);
+    ws_.dead_rows.clear();
+    for (int64_t i = 0; i < lq; ++i) {
+      const float* q = query_ + i * p_.query_strides.row;
+      const float* g = dout + i * bp_.grad_output_strides.row;
+      const float* o = out + i * p_.output_strides.row;
+      float* q_row = ws_.query.get() + i * e_pad;
+      float* g_row = ws_.dout.get() + i * ev_pad;
+      for (int64_t e = 0; e < p_.head_dim; ++e) {
+        q_row[e] = q[e];
+        ws_.query_t[e * lq_pad + i] = q[e] * factor;
+      }
+      float delta = 0;
+      for (int64_t c = 0; c < p_.value_dim; ++c) {
+        g_row[c] = g[c];
+        ws_.dout_t[c * lq_pad + i] = g[c];
+        delta += g[c] * o[c];
+      }
+      ws_.delta[i] = delta;
+      if (RowHasVisibleKey(i)) {
+        ws_.lse2[i] = lse[i * bp_.logsumexp_strides.row] * kLog2e;
+      } else if (!p_.zero_fully_masked_rows) {
+        ws_.dead_rows.push_back(i);  // P = 1/Lk, no gradient to S: only dV (DeadRowsValues)
+      }
+    }
+  }
+
+  bool RowHasVisibleKey(int64_t i) const {
+    const int64_t last = p_.causal ? std::min(p_.causal_last_key(i), p_.key_len - 1)
+                                   : p_.key_len - 1;
+    if (mask_ == nullptr) return last >= 0;
+    const uint8_t* m = mask_ + i * p_.mask_strides.row;
+    for (int64_t j = 0; j <= last; ++j) {
+      if (m[j * p_.mask_strides.column] != 0) return true;
+    }
+    return false;
+  }
+
+  void KeyTile(int64_t k0, int64_t keys) {
+    const int64_t e_pad = ws_.e_pad, ev_pad = ws_.ev_pad;
+    for (int64_t j = 0; j < keys; ++j) {
+      const float* k = key_ + (k0 + j) * p_.key_strides.row;
+      float* row = ws_.key.get() + j * e_pad;
+      std::copy_n(k, p_.head_dim, row);
+      std::fill(row + p_.head_dim, row + e_pad, 0.0f);
+    }
+    std::fill_n(ws_.dk.get(), kKeyTile * e_pad, 0.0f);
+    std::fill_n(ws_.dv.get(), kKeyTile * ev_pad, 0.0f);
+    // Query tiles that see at least one key of this tile (causality: from the first query
+    // whose last key reaches k0).
+    int64_t q_begin = 0;
+    if (p_.causal) q_begin = std::max<int64_t>(0, k0 - (p_.key_len - p_.query_len));
+    q_begin = q_begin / kQueryTile * kQueryTile;
+    for (int64_t q0 = q_begin; q0 < p_.query_len; q0 += kQueryTile) QueryTile(k0, keys, q0);
+    if (!ws_.dead_rows.empty()) DeadRowsValues(k0, keys);
+
+    float* dk = bp_.grad_key + p_.batch_offset(bp_.grad_key_strides, b_);
+    float* dv = bp_.grad_value + p_.batch_offset(bp_.grad_value_strides, b_);
+    for (int64_t j = 0; j < keys; ++j) {
+      float* dk_row = dk + (k0 + j) * bp_.grad_key_strides.row;
+      float* dv_row = dv + (k0 + j) * bp_.grad_value_strides.row;
+      for (int64_t e = 0; e < p_.head_dim; ++e) dk_row[e] = ws_.dk[j * e_pad + e] * p_.scale;
+      for (int64_t c = 0; c < p_.value_dim; ++c) dv_row[c] = ws_.dv[j * ev_pad + c];
+    }
+  }
+
+  void QueryTile(int64_t k0, int64_t keys, int64_t q0) {
+    const int64_t lq_pad = ws_.lq_pad, e_pad = ws_.e_pad, ev_pad = ws_.ev_pad;
+    constexpr int64_t tq = kQueryTile;
+    float* prob_t = ws_.prob_t.get();
+    float* grad_t = ws_.grad_t.get();
+    // Sᵀ = K·Q̂ᵀ and dP̃ᵀ = V·dOᵀ: (keys × Tq), E and Ev deep.
+    Product(keys, tq / kLanes, p_.head_dim, ws_.key.get(), e_pad, 1, ws_.query_t.get() + q0,
+            lq_pad, prob_t, tq, false);
+    Product(keys, tq / kLanes, p_.value_dim, value_ + k0 * p_.value_strides.row,
+            p_.value_strides.row, 1, ws_.dout_t.get() + q0, lq_pad, grad_t, tq, false);
+    AdjustScores(k0, keys, q0);
+    if (p_.dropout > 0) DropoutFactors(k0, keys, q0);
+    SoftmaxGradient(keys, q0);
+    if (grad_scores_) WriteGradScores(k0, keys, q0);
+    // dV += P̃ᵀ·dO, dK += dSᵀ·Q (Tq deep), dQ += dS·K (keys deep).
+    const int64_t rows = std::min(tq, p_.query_len - q0);
+    Product(keys, ev_pad / kLanes, rows, prob_t, tq, 1, ws_.dout.get() + q0 * ev_pad, ev_pad,
+            ws_.dv.get(), ev_pad, true);
+    Product(keys, e_pad / kLanes, rows, grad_t, tq, 1, ws_.query.get() + q0 * e_pad, e_pad,
+            ws_.dk.get(), e_pad, true);
+    Product(rows, e_pad / kLanes, keys, grad_t, 1, tq, ws_.key.get(), e_pad,
+            ws_.dq.get() + q0 * e_pad, e_pad, true);
+  }
+
+  // Bias (log2 domain) and exclusions (-inf: P = 0, as the forward's exp(-1e9 − lse)).
+  void AdjustScores(int64_t k0, int64_t keys, int64_t q0) {
+    constexpr int64_t tq = kQueryTile;
+    float* s = ws_.prob_t.get();
+    const int64_t rows = std::min(tq, p_.query_len - q0);
+    const float excluded = -std::numeric_limits<float>::infinity();
+    if (bias_) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* bias =
+            bias_ + (q0 + r) * p_.bias_strides.row + k0 * p_.bias_strides.column;
+        for (int64_t j = 0; j < keys; ++j) s[j * tq + r] += bias[j * p_.bias_strides.column] * kLog2e;
+      }
+    }
+    if (mask_) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* m = mask_ + (q0 + r) * p_.mask_strides.row + k0 * p_.mask_strides.column;
+        for (int64_t j = 0; j < keys; ++j) {
+          if (m[j * p_.mask_strides.column] == 0) s[j * tq + r] = excluded;
+        }
+      }
+    }
+    if (p_.causal && k0 + keys - 1 > p_.causal_last_key(q0)) {
+      // Key k0 + j is excluded for lane r iff r < k0 + j − causal_last_key(q0).
+      const DF d;
+      const hn::RebindToSigned<DF> di;
+      const VF excluded_v = hn::Set(d, excluded);
+      const int64_t first_limit = k0 - p_.causal_last_key(q0);
+      for (int64_t j = 0; j < keys; ++j) {
+        const auto limit =
+            hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(first_limit + j, -1, tq)));
+        for (int64_t r = 0; r < tq; r += kLanes) {
+          const auto lane = hn::Iota(di, static_cast<int32_t>(r));
+          float* row = s + j * tq + r;
+          hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(lane, limit)), excluded_v,
+                                   hn::Load(d, row)),
+                    d, row);
+        }
+      }
+    }
+  }
+
+  // keep[j][r] = Z/(1 − p) from the forward's Philox draws of (b, q0 + r, k0 + j).
+  void DropoutFactors(int64_t k0, int64_t keys, int64_t q0) {
+    constexpr int64_t tq = kQueryTile;
+    const uint32_t threshold = dropout_threshold(p_.dropout);
+    const float keep_scale = 1.0f / (1.0f - p_.dropout);
+    float* keep = ws_.keep.get();
+    const int64_t rows = std::min(tq, p_.query_len - q0);
+    for (int64_t r = 0; r < tq; ++r) {
+      for (int64_t j = 0; j < keys; j += 4) {  // k0 is a multiple of 4: groups align
+        const PhiloxWords draws =
+            r < rows ? dropout_draws(p_.seed, b_, q0 + r, (k0 + j) / 4) : PhiloxWords{};
+        for (int64_t w = 0; w < 4 && j + w < keys; ++w) {
+          keep[(j + w) * tq + r] = r < rows && draws.word[w] >= threshold ? keep_scale : 0.0f;
+        }
+      }
+    }
+  }
+
+  // Pᵀ = 2^(Sᵀ − lse₂); dSᵀ = Pᵀ·(dP̃ᵀ·keep − D); P̃ᵀ = Pᵀ·keep (in place of Sᵀ).
+  void SoftmaxGradient(int64_t keys, int64_t q0) {
+    const DF d;
+    constexpr int64_t tq = kQueryTile;
+    float* prob_t = ws_.prob_t.get();
+    float* grad_t = ws_.grad_t.get();
+    const float* keep = ws_.keep.get();
+    for (int64_t r = 0; r < tq; r += kLanes) {
+      const VF lse2 = hn::Load(d, ws_.lse2.get() + q0 + r);
+      const VF delta = hn::Load(d, ws_.delta.get() + q0 + r);
+      for (int64_t j = 0; j < keys; ++j) {
+        float* s = prob_t + j * tq + r;
+        float* g = grad_t + j * tq + r;
+        const VF prob = Exp2(d, hn::Sub(hn::Load(d, s), lse2));
+        if (p_.dropout > 0) {
+          const VF k = hn::Load(d, keep + j * tq + r);
+          hn::Store(hn::Mul(prob, hn::Sub(hn::Mul(hn::Load(d, g), k), delta)), d, g);
+          hn::Store(hn::Mul(prob, k), d, s);
+        } else {
+          hn::Store(hn::Mul(prob, hn::Sub(hn::Load(d, g), delta)), d, g);
+          hn::Store(prob, d, s);
+        }
+      }
+    }
+  }
+
+  void WriteGradScores(int64_t k0, int64_t keys, int64_t q0) {
+    const int64_t rows = std::min(kQueryTile, p_.query_len - q0);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* ds = grad_scores_ + (q0 + r) * bp_.grad_scores_strides.row + k0;
+      for (int64_t j = 0; j < keys; ++j) ds[j] = ws_.grad_t[j * kQueryTile + r];
+    }
+  }
+
+  // Rows with every key excluded have uniform weights 1/Lk (then dropout) over all keys,
+  // and no gradient to their scores: dV[j] += (1/Lk)·Z·keep·dO[i].
+  void DeadRowsValues(int64_t k0, int64_t keys) {
+    const uint32_t threshold = dropout_threshold(p_.dropout);
+    const float uniform = 1.0f / static_cast<float>(p_.key_len);
+    const float kept = static_cast<float>(uniform / (1.0 - static_cast<double>(p_.dropout)));
+    for (int64_t i : ws_.dead_rows) {
+      const float* g = ws_.dout.get() + i * ws_.ev_pad;
+      for (int64_t j = 0; j < keys; ++j) {
+        float w = uniform;
+        if (p_.dropout > 0) w = dropout_keep(p_.seed, threshold, b_, i, k0 + j) ? kept : 0.0f;
+        float* dv = ws_.dv.get() + j * ws_.ev_pad;
+        for (int64_t c = 0; c < p_.value_dim; ++c) dv[c] += w * g[c];
+      }
+    }
+  }
+
+  const SdpaBackwardParams& bp_;
+  const SdpaParams& p_;
+  BackwardWorkspace& ws_;
+  int64_t b_ = 0;
+  const float *query_ = nullptr, *key_ = nullptr, *value_ = nullptr, *bias_ = nullptr;
+  const uint8_t* mask_ = nullptr;
+  float* grad_scores_ = nullptr;
+};
+
+void FusedSdpaBackward(const SdpaBackwardParams& bp) {
+  const SdpaParams& p = bp.forward;
+  const int64_t chunks = KeyChunks(p);
+  const int64_t key_tiles = (p.key_len + kKeyTile - 1) / kKeyTile;
+  const int64_t tiles_per_chunk = (key_tiles + chunks - 1) / chunks;
+  const int64_t items = p.batch * chunks;
+  // Chunk c > 0 of batch b writes its dQ part to parts[(b·(chunks − 1) + c − 1)·Lq·E];
+  // chunk 0 writes into dQ, and the parts are added in chunk order afterwards.
+  hwy::AlignedFreeUniquePtr<float[]> parts;
+  const int64_t part_size = p.query_len * p.head_dim;
+  if (chunks > 1) {
+    parts = hwy::AllocateAligned<float>(static_cast<size_t>(p.batch * (chunks - 1) * part_size));
+    if (!parts) throw Error("fused attention backward: out of memory for the dQ parts");
+  }
+  const double multiply_adds = 2.5 * static_cast<double>(p.batch) *
+                               static_cast<double>(p.query_len) * static_cast<double>(p.key_len) *
+                               static_cast<double>(p.head_dim + p.value_dim);
+  const int threads = static_cast<int>(std::min<int64_t>(
+      {p.num_threads, items, static_cast<int64_t>(multiply_adds / 4194304.0) + 1}));
+  bool allocation_failed = false;
+#pragma omp parallel num_threads(threads)
+  {
+    DenormalsAreZero denormals_are_zero;
+    BackwardWorkspace ws(p);
+    if (!ws.ok()) {
+#pragma omp atomic write
+      allocation_failed = true;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      if (!ws.ok()) continue;
+      const int64_t b = item / chunks, c = item % chunks;
+      const int64_t key_begin = std::min(p.key_len, c * tiles_per_chunk * kKeyTile);
+      const int64_t key_end = std::min(p.key_len, (c + 1) * tiles_per_chunk * kKeyTile);
+      float* dq = bp.grad_query + p.batch_offset(bp.grad_query_strides, b);
+      int64_t dq_row = bp.grad_query_strides.row;
+      if (c > 0) {
+        dq = parts.get() + (b * (chunks - 1) + c - 1) * part_size;
+        dq_row = p.head_dim;
+      }
+      BackwardItem(bp, ws).Run(b, key_begin, key_end, dq, dq_row);
+    }
+  }
+  if (allocation_failed) throw Error("fused attention backward: out of memory for the work buffers");
+  // dQ = scale·(part 0 + part 1 + ...), in chunk order.
+  for (int64_t b = 0; b < p.batch; ++b) {
+    float* dq = bp.grad_query + p.batch_offset(bp.grad_query_strides, b);
+    for (int64_t i = 0; i < p.query_len; ++i) {
+      float* row = dq + i * bp.grad_query_strides.row;
+      for (int64_t c = 1; c < chunks; ++c) {
+        const float* part = parts.get() + (b * (chunks - 1) + c - 1) * part_size + i * p.head_dim;
+        for (int64_t e = 0; e < p.head_dim; ++e) row[e] += part[e];
+      }
+      for (int64_t e = 0; e < p.head_dim; ++e) row[e] *= p.scale;
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attend::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attend::detail {
+
+HWY_EXPORT(FusedSdpaBackward);
+
+const char* fused_sdpa_backward_rejects(const SdpaBackwardParams&) { return nullptr; }
+
+void fused_sdpa_backward(const SdpaBackwardParams& params) {
+  apply_simd_cap_from_environment();
+  HWY_DYNAMIC_DISPATCH(FusedSdpaBackward)(params);
+}
+
+}  // namespace attend::detail
+#endif  // HWY_ONCE

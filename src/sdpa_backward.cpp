@@ -1,0 +1,199 @@
+// sdpa_backward.cpp: the backward API boundary. Validate once (the forward's checks plus
+// dO, O, logsumexp and the gradient views), normalize into SdpaBackwardParams, run the first
+// backward kernel that accepts the problem, reduce dS to the bias gradient.
+#include "attend/sdpa_backward.hpp"
+
+#include <string>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "kernels/kernel_list.hpp"
+#include "sdpa_boundary.hpp"
+#include "sdpa_params.hpp"
+
+namespace attend {
+namespace {
+
+using detail::OperandStrides;
+using detail::Problem;
+using detail::SdpaBackwardParams;
+
+bool is_attention_float(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+}
+
+// dO and O: (..., Lq, Ev), a floating dtype the forward accepts.
+void check_forward_tensor(const char* name, const TensorView& t, const Problem& problem) {
+  detail::check_view(name, t);
+  if (t.shape != problem.output_shape) {
+    throw Error(detail::describe(name, t) + " does not match the attention output " +
+                problem.output_shape.str() + " (..., Lq, Ev)");
+  }
+  if (!is_attention_float(t.dtype)) {
+    throw Error(std::string(name) + ": dtype " + dtype_name(t.dtype) +
+                " is not supported (float32, float16 or bfloat16)");
+  }
+}
+
+// A float32 view with a contiguous last dimension to write into: `out` itself when it is
+// one, else a staging tensor (copied back after the kernel).
+TensorView writable_kernel_float(const TensorView& out, std::optional<Tensor>& storage) {
+  if (out.dtype == DType::kFloat32 && (out.strides.back(0) == 1 || out.shape.back(0) <= 1)) {
+    TensorView v = out;
+    v.strides[v.rank() - 1] = 1;
+    return v;
+  }
+  storage.emplace(DType::kFloat32, out.shape);
+  return storage->view();
+}
+
+// dBias = dS (scores_shape) summed over the dimensions along which bias broadcasts, in
+// row-major order of dS (a fixed order: deterministic), accumulated in float64.
+void reduce_to_bias(const Tensor& grad_scores, const detail::SdpaParams& p,
+                    const TensorView& grad_bias) {
+  const Tensor sums = Tensor::zeros(DType::kFloat64, grad_bias.shape);
+  const TensorView sums_view = sums.view();
+  const OperandStrides to =
+      detail::broadcast_strides("bias", sums_view, grad_scores.shape());
+  auto* out = static_cast<double*>(sums_view.data);
+  const float* ds = grad_scores.data_as<float>();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t base = p.batch_offset(to, b);
+    for (int64_t i = 0; i < p.query_len; ++i) {
+      double* row = out + base + i * to.row;
+      for (int64_t j = 0; j < p.key_len; ++j) row[j * to.column] += *ds++;
+    }
+  }
+  Tensor as_float(DType::kFloat32, grad_bias.shape);
+  for (int64_t n = 0; n < as_float.numel(); ++n) {
+    as_float.data_as<float>()[n] = static_cast<float>(out[n]);
+  }
+  convert(as_float.view(), grad_bias);
+}
+
+void run_backward(const TensorView& grad_output, const TensorView& query, const TensorView& key,
+                  const TensorView& value, const TensorView& output,
+                  const TensorView& logsumexp, const AttentionGradientViews& gradients,
+                  const Problem& problem, const AttentionOptions& options) {
+  detail::KernelInputs inputs;
+  SdpaBackwardParams bp;
+  bp.forward = detail::make_params(query, key, value, problem, options, inputs);
+  detail::SdpaParams& p = bp.forward;
+
+  std::optional<Tensor> output_copy, grad_output_copy;
+  const TensorView o = detail::as_kernel_float(output, output_copy);
+  p.output = o.data_as<float>();
+  p.output_strides = detail::plain_strides(o);
+  const TensorView dout = detail::as_kernel_float(grad_output, grad_output_copy);
+  bp.grad_output = dout.data_as<const float>();
+  bp.grad_output_strides = detail::plain_strides(dout);
+  bp.logsumexp = logsumexp.data_as<const float>();
+  bp.logsumexp_strides = detail::row_vector_strides(logsumexp);
+
+  std::optional<Tensor> dq_copy, dk_copy, dv_copy;
+  const TensorView dq = writable_kernel_float(gradients.query, dq_copy);
+  const TensorView dk = writable_kernel_float(gradients.key, dk_copy);
+  const TensorView dv = writable_kernel_float(gradients.value, dv_copy);
+  bp.grad_query = dq.data_as<float>();
+  bp.grad_query_strides = detail::plain_strides(dq);
+  bp.grad_key = dk.data_as<float>();
+  bp.grad_key_strides = detail::plain_strides(dk);
+  bp.grad_value = dv.data_as<float>();
+  bp.grad_value_strides = detail::plain_strides(dv);
+  Tensor grad_scores;
+  const bool bias_gradient = gradients.bias.has_value() && options.bias.has_value();
+  if (bias_gradient) {
+    grad_scores = Tensor::zeros(DType::kFloat32, problem.scores_shape);
+    bp.grad_scores = grad_scores.data_as<float>();
+    bp.grad_scores_strides = detail::plain_strides(grad_scores.view());
+  }
+
+  if (p.batch * p.query_len > 0) {
+    detail::run_backward_kernel(bp, options.backend);
+  } else {  // no queries: nothing flows to K and V
+    convert(Tensor::zeros(DType::kFloat32, dk.shape).view(), dk);
+    convert(Tensor::zeros(DType::kFloat32, dv.shape).view(), dv);
+  }
+  if (dq_copy) convert(dq_copy->view(), gradients.query);
+  if (dk_copy) convert(dk_copy->view(), gradients.key);
+  if (dv_copy) convert(dv_copy->view(), gradients.value);
+  if (bias_gradient) reduce_to_bias(grad_scores, p, *gradients.bias);
+}
+
+Problem validate_backward(const TensorView& grad_output, const TensorView& query,
+                          const TensorView& key, const TensorView& value,
+                          const TensorView& output, const TensorView& logsumexp,
+                          const AttentionOptions& options) {
+  const Problem problem = detail::validate_inputs(query, key, value, options);
+  check_forward_tensor("grad_output", grad_output, problem);
+  check_forward_tensor("output", output, problem);
+  detail::check_logsumexp("logsumexp", logsumexp, problem.scores_shape);
+  return problem;
+}
+
+}  // namespace
+
+AttentionGradients scaled_dot_product_attention_backward(
+    const TensorView& grad_output, const TensorView& query, const TensorView& key,
+    const TensorView& value, const TensorView& output, const TensorView& logsumexp,
+    const AttentionOptions& options) {
+  const Problem problem =
+      validate_backward(grad_output, query, key, value, output, logsumexp, options);
+  AttentionGradients result;
+  result.query = Tensor(query.dtype, query.shape);
+  result.key = Tensor(key.dtype, key.shape);
+  result.value = Tensor(value.dtype, value.shape);
+  AttentionGradientViews views{result.query.view(), result.key.view(), result.value.view(), {}};
+  if (options.bias) {
+    result.bias = Tensor(options.bias->dtype, options.bias->shape);
+    views.bias = result.bias.view();
+  }
+  run_backward(grad_output, query, key, value, output, logsumexp, views, problem, options);
+  return result;
+}
+
+void scaled_dot_product_attention_backward_into(
+    const TensorView& grad_output, const TensorView& query, const TensorView& key,
+    const TensorView& value, const TensorView& output, const TensorView& logsumexp,
+    const AttentionGradientViews& gradients, const AttentionOptions& options) {
+  const Problem problem =
+      validate_backward(grad_output, query, key, value, output, logsumexp, options);
+  std::vector<std::pair<const char*, const TensorView*>> written = {
+      {"grad_query", &gradients.query},
+      {"grad_key", &gradients.key},
+      {"grad_value", &gradients.value}};
+  detail::check_output("grad_query", gradients.query, query.shape, query.dtype, query, key, value,
+                       options);
+  detail::check_output("grad_key", gradients.key, key.shape, key.dtype, query, key, value,
+                       options);
+  detail::check_output("grad_value", gradients.value, value.shape, value.dtype, query, key, value,
+                       options);
+  if (gradients.bias) {
+    if (!options.bias) throw Error("grad_bias was given but the options have no bias");
+    detail::check_output("grad_bias", *gradients.bias, options.bias->shape, options.bias->dtype,
+                         query, key, value, options);
+    written.push_back({"grad_bias", &*gradients.bias});
+  }
+  const std::pair<const char*, const TensorView*> read[] = {
+      {"grad_output", &grad_output}, {"output", &output}, {"logsumexp", &logsumexp}};
+  for (size_t a = 0; a < written.size(); ++a) {
+    for (size_t b = a + 1; b < written.size(); ++b) {
+      if (detail::overlaps(*written[a].second, *written[b].second)) {
+        throw Error(std::string(written[a].first) + " overlaps the memory of " + written[b].first);
+      }
+    }
+    for (const auto& [name, view] : read) {
+      if (detail::overlaps(*written[a].second, *view)) {
+        throw Error(std::string(written[a].first) + " overlaps the memory of " + name);
+      }
+    }
+  }
+  run_backward(grad_output, query, key, value, output, logsumexp, gradients, problem, options);
+}
+
+double attention_backward_flops(int64_t batch, int64_t query_len, int64_t key_len,
+                                int64_t head_dim, int64_t value_dim, bool causal) {
+  return 2.5 * attention_flops(batch, query_len, key_len, head_dim, value_dim, causal);
+}
+
+}  // namespace attend

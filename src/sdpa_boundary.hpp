@@ -1,0 +1,52 @@
+// sdpa_boundary.hpp: validation and normalization shared by the forward (sdpa.cpp) and the
+// backward (sdpa_backward.cpp) API boundaries: public views in, one SdpaParams out.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "attend/sdpa.hpp"
+#include "attend/tensor.hpp"
+#include "sdpa_params.hpp"
+
+namespace attend::detail {
+
+struct Problem {
+  Shape scores_shape;  // (batch..., Lq, Lk)
+  Shape output_shape;  // (batch..., Lq, Ev)
+};
+
+// "name (2, 3, 4)"
+std::string describe(const char* name, const TensorView& t);
+// Null data, rank/stride mismatch, negative sizes or strides, byte offsets that overflow.
+void check_view(const char* name, const TensorView& t);
+bool overlaps(const TensorView& a, const TensorView& b);
+// Strides (elements) of a view broadcast to (batch..., rows, columns) = `target`.
+OperandStrides broadcast_strides(const char* name, const TensorView& t, const Shape& target);
+// Strides of a (batch..., rows, columns) view whose column stride is 1.
+OperandStrides plain_strides(const TensorView& t);
+// Strides of a (batch..., rows) view: `row` steps along the last dimension.
+OperandStrides row_vector_strides(const TensorView& t);
+// The view when it is float32 with a contiguous last dimension, else a float32 copy.
+TensorView as_kernel_float(const TensorView& t, std::optional<Tensor>& storage);
+
+// Checks query, key, value, mask, bias and the options; the shapes of scores and output.
+Problem validate_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const AttentionOptions& options);
+// An output view: shape, dtype, no zero strides, no overlap with an input.
+void check_output(const char* name, const TensorView& out, const Shape& expected, DType dtype,
+                  const TensorView& q, const TensorView& k, const TensorView& v,
+                  const AttentionOptions& options);
+// A (..., Lq) float32 logsumexp view.
+void check_logsumexp(const char* name, const TensorView& lse, const Shape& scores_shape);
+
+// Converted copies of inputs that were not float32 with a contiguous last dimension.
+struct KernelInputs {
+  std::optional<Tensor> query, key, value, mask, bias;
+};
+// SdpaParams with sizes, inputs, mask, bias and options filled (outputs null).
+SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,
+                       const Problem& problem, const AttentionOptions& options,
+                       KernelInputs& storage);
+
+}  // namespace attend::detail
