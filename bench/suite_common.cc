@@ -63,9 +63,9 @@ double suite_peak_gflops(int threads) {
 }
 
 void set_attention_counters(benchmark::State& state, const AttentionShape& shape, int threads,
-                            bool report_bandwidth) {
+                            bool report_bandwidth, double flops) {
   using benchmark::Counter;
-  const double gigaflops = shape.flops() / 1e9;
+  const double gigaflops = (flops > 0 ? flops : shape.flops()) / 1e9;
   state.counters["GFLOPS"] = Counter(gigaflops, Counter::kIsIterationInvariantRate);
   state.counters["pct_peak"] =
       Counter(100.0 * gigaflops / suite_peak_gflops(threads), Counter::kIsIterationInvariantRate);

@@ -24,10 +24,10 @@ void measure_suite_peaks(int threads);
 // The peak measured by measure_suite_peaks at this thread count, in GFLOP/s.
 double suite_peak_gflops(int threads);
 
-// GFLOPS (attention_flops / real time) and pct_peak (of the FMA peak at `threads`) on
-// `state`; GBps of K and V read too when `report_bandwidth`.
+// GFLOPS (attention_flops, or `flops` when positive, / real time) and pct_peak (of the FMA
+// peak at `threads`) on `state`; GBps of K and V read too when `report_bandwidth`.
 void set_attention_counters(benchmark::State& state, const AttentionShape& shape, int threads,
-                            bool report_bandwidth);
+                            bool report_bandwidth, double flops = 0);
 
 // A shape of the L and E sweeps: B = 1, H = 8, Lq = Lk = length, E = head_dim.
 AttentionShape sweep_shape(int64_t length, int64_t head_dim, bool causal);

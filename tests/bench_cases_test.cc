@@ -84,6 +84,17 @@ TEST(BenchCases, FlopsAndBytesByHand) {
   EXPECT_DOUBLE_EQ(find_bench_case("s4-causal")->shape.flops(), 34359738368.0 / 2);
   // decode reads K and V: 2·32·8192·128·4 bytes.
   EXPECT_DOUBLE_EQ(find_bench_case("decode")->shape.key_value_bytes(), 268435456.0);
+  // Backward cases: 2.5 × the forward's FLOPs, same shapes as their forward cases.
+  for (const char* name : {"unet", "s4", "s4-causal"}) {
+    const BenchCase* forward = find_bench_case(name);
+    const BenchCase* backward = find_bench_case(std::string(name) + "-bwd");
+    ASSERT_NE(backward, nullptr) << name;
+    EXPECT_EQ(backward->workload, Workload::kAttentionBackward);
+    EXPECT_EQ(backward->shape.causal, forward->shape.causal);
+    EXPECT_DOUBLE_EQ(backward->flops(), 2.5 * forward->shape.flops()) << name;
+    EXPECT_DOUBLE_EQ(forward->flops(), forward->shape.flops());
+  }
+  EXPECT_EQ(find_bench_case("s4-bwd")->target.kind, TargetKind::kMinGflops);
   // unet-weights writes 4·4096·4096 floats.
   EXPECT_DOUBLE_EQ(find_bench_case("unet-weights")->shape.weights_bytes(), 268435456.0);
 }

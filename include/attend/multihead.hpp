@@ -52,6 +52,35 @@ struct MultiHeadResult {
   Tensor weights;  // float32, see average_weights_over_heads; empty unless need_weights
 };
 
+// What forward() keeps for backward(): the projections as the forward computed them, the
+// attention output before the output projection and the attention's log-sum-exp (never the
+// (N, H, L, S) weights). Float32, contiguous; N = 1 for unbatched input. The forward projects
+// each distinct input with one GEMM, so Q, K and V share tensors when the inputs do:
+struct MultiHeadTape {
+  // (N, L, H, D) = Q; or (N, L, 3, H, D) = [Q, K, V] when query, key and value were one view
+  // and in_proj is packed (self-attention).
+  Tensor query_projection;
+  // (N, S, H, D) = K; or (N, S, 2, H, D) = [K, V] when key and value were one view (packed
+  // in_proj); empty when K is in query_projection.
+  Tensor key_projection;
+  // (N, S, H, D) = V; empty when V is in query_projection or key_projection.
+  Tensor value_projection;
+  Tensor heads;      // (N, L, H, D) = (N, L, E) attention output, heads concatenated
+  Tensor logsumexp;  // (N, H, L) log Σ_j exp(score_ij) of each head's query row
+};
+
+// Gradients of a loss with respect to forward()'s inputs and to every parameter, float32.
+struct MultiHeadGradients {
+  // One gradient per distinct input, of that input's shape. When key is the same view as
+  // query, its gradient (the sum over every role the tensor played) is in `query` and `key`
+  // is empty; likewise `value` is empty when value is the same view as query or key (for
+  // self-attention only `query` is filled; for cross-attention over one memory, `query` and
+  // `key`), as autograd gives one gradient per tensor.
+  Tensor query, key, value;
+  // Under the state_dict names, the shapes of the parameters.
+  std::map<std::string, Tensor> parameters;
+};
+
 class MultiHeadAttention {
  public:
   // Parameters are initialized as nn.MultiheadAttention._reset_parameters does (Xavier
@@ -65,6 +94,20 @@ class MultiHeadAttention {
   // bfloat16 (computed in float32). Self-attention when query, key and value are the same view.
   MultiHeadResult forward(const TensorView& query, const TensorView& key, const TensorView& value,
                           const MultiHeadForwardOptions& options = {}) const;
+  // Same, also filling `tape` (when not null) with what backward() needs.
+  MultiHeadResult forward(const TensorView& query, const TensorView& key, const TensorView& value,
+                          const MultiHeadForwardOptions& options, MultiHeadTape* tape) const;
+
+  // Gradients from grad_output (the shape of forward()'s output: (N, L, E) or (L, E); float32,
+  // float16 or bfloat16) given the same query, key, value and options as the forward that
+  // filled `tape` (masks and causal must match; dropout is regenerated from the seed;
+  // need_weights is ignored). The parameters must not have changed since that forward.
+  // Validates the inputs, grad_output and the tape's shapes (attend::Error naming them).
+  // Bitwise identical at any thread count.
+  MultiHeadGradients backward(const TensorView& grad_output, const TensorView& query,
+                              const TensorView& key, const TensorView& value,
+                              const MultiHeadTape& tape,
+                              const MultiHeadForwardOptions& options = {}) const;
 
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "attend/multihead.hpp"
+#include "attend/sdpa_backward.hpp"
 #include "attend/spatial.hpp"
 
 namespace attend::bench {
@@ -21,6 +22,12 @@ double AttentionShape::key_value_bytes() const {
 double AttentionShape::weights_bytes() const {
   return static_cast<double>(batch * heads) * static_cast<double>(query_len) *
          static_cast<double>(key_len) * sizeof(float);
+}
+
+double BenchCase::flops() const {
+  if (workload != Workload::kAttentionBackward) return shape.flops();
+  return attention_backward_flops(shape.batch * shape.heads, shape.query_len, shape.key_len,
+                                  shape.head_dim, shape.head_dim, shape.causal);
 }
 
 std::string describe_target(const CaseTarget& target) {
@@ -102,6 +109,22 @@ const std::vector<BenchCase>& bench_cases() {
        .workload = Workload::kSpatialBlock,
        .target = {TargetKind::kMaxMicroseconds, 25000},
        .summary = "SpatialSelfAttention(128, 4 heads) on (1, 128, 64, 64)"},
+      // Issue 6: the backward pass, >= 50% of the FMA peak at E = 128.
+      {.name = "unet-bwd",
+       .shape = {1, 4, 4096, 4096, 32, false},
+       .workload = Workload::kAttentionBackward,
+       .target = {TargetKind::kNone, 0},  // the issue sets one at E = 128 only
+       .summary = "unet's backward: dQ, dK, dV from dO (2.5x the forward's FLOPs)"},
+      {.name = "s4-bwd",
+       .shape = {1, 16, 2048, 2048, 128, false},
+       .workload = Workload::kAttentionBackward,
+       .target = {TargetKind::kMinGflops, 265},
+       .summary = "s4's backward"},
+      {.name = "s4-causal-bwd",
+       .shape = {1, 16, 2048, 2048, 128, true},
+       .workload = Workload::kAttentionBackward,
+       .target = {TargetKind::kMinGflops, 265},
+       .summary = "s4-causal's backward"},
   };
   return cases;
 }
@@ -151,8 +174,44 @@ CaseTensors make_case_tensors(const AttentionShape& shape, bool need_weights) {
   return tensors;
 }
 
+namespace {
+
+// One backward call on (B, H, L, E) tensors; the forward runs once, here.
+std::function<void()> make_backward_workload(const AttentionShape& s, int num_threads) {
+  struct State {
+    CaseTensors tensors;
+    Tensor grad_output, logsumexp, grad_query, grad_key, grad_value;
+    AttentionOptions options;
+  };
+  auto state = std::make_shared<State>();
+  state->tensors = make_case_tensors(s, false);
+  State& st = *state;
+  st.options.causal = s.causal;
+  st.options.num_threads = num_threads;
+  st.options.need_logsumexp = true;
+  AttentionResult forward = scaled_dot_product_attention(
+      st.tensors.query.view(), st.tensors.key.view(), st.tensors.value.view(), st.options);
+  st.tensors.output = std::move(forward.output);
+  st.logsumexp = std::move(forward.logsumexp);
+  st.grad_output = Tensor(DType::kFloat32, st.tensors.query.shape());
+  fill_uniform(st.grad_output, 6);
+  st.grad_query = Tensor::zeros(DType::kFloat32, st.tensors.query.shape());
+  st.grad_key = Tensor::zeros(DType::kFloat32, st.tensors.key.shape());
+  st.grad_value = Tensor::zeros(DType::kFloat32, st.tensors.value.shape());
+  return [state] {
+    State& t = *state;
+    scaled_dot_product_attention_backward_into(
+        t.grad_output.view(), t.tensors.query.view(), t.tensors.key.view(),
+        t.tensors.value.view(), t.tensors.output.view(), t.logsumexp.view(),
+        {t.grad_query.view(), t.grad_key.view(), t.grad_value.view(), {}}, t.options);
+  };
+}
+
+}  // namespace
+
 std::function<void()> make_module_workload(const BenchCase& c, int num_threads) {
   const AttentionShape& s = c.shape;
+  if (c.workload == Workload::kAttentionBackward) return make_backward_workload(s, num_threads);
   const int64_t width = s.heads * s.head_dim;
   if (c.workload == Workload::kMultiHeadLayer) {
     // input (B, L, H·E) -> MHA self-attention -> (B, L, H·E); weights not requested.

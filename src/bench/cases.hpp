@@ -54,6 +54,9 @@ enum class Workload : uint8_t {
   kAttention,       // scaled_dot_product_attention_into on (B, H, L, E) tensors
   kMultiHeadLayer,  // MultiHeadAttention(H·E, H).forward on (B, L, H·E), projections included
   kSpatialBlock,    // SpatialSelfAttention(H·E channels, H) on (B, H·E, 64, 64): L = 4096
+  // scaled_dot_product_attention_backward_into on (B, H, L, E) tensors, after one forward
+  // that saved the output and log-sum-exp; FLOPs = attention_backward_flops (2.5 × forward).
+  kAttentionBackward,
 };
 
 struct BenchCase {
@@ -64,6 +67,9 @@ struct BenchCase {
   bool single_thread = false;  // a latency case: always one thread
   CaseTarget target;
   std::string summary;  // one line for listings
+
+  // FLOPs of one call: shape.flops(), or attention_backward_flops for kAttentionBackward.
+  double flops() const;
 };
 
 // The table, in the order `attend bench` runs it.
@@ -83,7 +89,8 @@ struct CaseTensors {
 // weights (when `need_weights`) allocated and zeroed so that their pages are faulted in.
 CaseTensors make_case_tensors(const AttentionShape& shape, bool need_weights);
 
-// A callable running one call of a module workload (kMultiHeadLayer, kSpatialBlock) of `c`
+// A callable running one call of a module workload (kMultiHeadLayer, kSpatialBlock,
+// kAttentionBackward) of `c`
 // on `num_threads` threads, with its module and inputs built once (deterministic seeds).
 std::function<void()> make_module_workload(const BenchCase& c, int num_threads);
 

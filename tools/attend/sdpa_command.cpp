@@ -1,19 +1,24 @@
-// sdpa_command.cpp: `attend sdpa --query Q.npy --key K.npy --value V.npy --out O.npy ...`.
+// sdpa_command.cpp: `attend sdpa --query Q.npy --key K.npy --value V.npy --out O.npy ...`,
+// and with `--grad-out dO.npy --grad-query dQ.npy --grad-key dK.npy --grad-value dV.npy
+// [--grad-bias dB.npy]` also the backward pass (the gradients of Σ O ⊙ dO).
 //
-// Reads every input, checks every option and computes the result before writing anything;
-// the outputs are then written all-or-nothing (cli_common.hpp), so a failed run leaves
-// existing files untouched.
+// Reads every input, checks every option and computes the result (forward and backward)
+// before writing anything; the outputs are then written all-or-nothing (cli_common.hpp), so
+// a failed run leaves existing files untouched.
 #include "sdpa_command.hpp"
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
+#include "attend/sdpa_backward.hpp"
 
 namespace attend::cli {
 namespace {
@@ -25,6 +30,9 @@ struct SdpaArguments {
   std::string query_path, key_path, value_path;
   std::string mask_path, bias_path;
   std::string output_path, weights_path;
+  // The backward pass: dO in, dQ, dK, dV and optionally dBias out.
+  std::string grad_output_path;
+  std::string grad_query_path, grad_key_path, grad_value_path, grad_bias_path;
   bool causal = false;
   std::string scale_text;
   std::string dropout_text;
@@ -47,6 +55,49 @@ void check_mask_input(const std::string& path, const Tensor& mask) {
     throw Error("--mask " + path + ": dtype " + dtype_name(mask.dtype()) +
                 " is floating point; a mask must be bool or integer (zero excludes). For an "
                 "additive float mask (0 keeps, -inf drops) use --bias instead");
+  }
+}
+
+// The gradient options come as a group: --grad-out with --grad-query, --grad-key and
+// --grad-value (--grad-bias optional, and only with --bias). Returns whether they were given.
+bool check_gradient_options(const std::function<bool(const char*)>& given) {
+  const char* const required_outputs[] = {"--grad-query", "--grad-key", "--grad-value"};
+  if (!given("--grad-out")) {
+    for (const char* option : {"--grad-query", "--grad-key", "--grad-value", "--grad-bias"}) {
+      if (given(option)) {
+        throw Error(std::string(option) +
+                    " needs --grad-out dO.npy: the backward pass starts from the gradient of "
+                    "the loss with respect to the output");
+      }
+    }
+    return false;
+  }
+  std::string missing;
+  for (const char* option : required_outputs) {
+    if (!given(option)) missing += (missing.empty() ? "" : ", ") + std::string(option);
+  }
+  if (!missing.empty()) {
+    throw Error(
+        "--grad-out needs --grad-query, --grad-key and --grad-value to name the "
+        "gradient files (missing: " +
+        missing + ")");
+  }
+  if (given("--grad-bias") && !given("--bias")) {
+    throw Error("--grad-bias needs --bias: there is no bias to differentiate");
+  }
+  return true;
+}
+
+// dO must be what the forward returned in shape and dtype; checked here so that the message
+// names the file.
+void check_grad_output(const std::string& path, const Tensor& grad_output, const Tensor& output) {
+  if (grad_output.shape() != output.shape()) {
+    throw Error("--grad-out " + path + ": grad_output shape " + grad_output.shape().str() +
+                " differs from the output's " + output.shape().str() + " (..., Lq, Ev)");
+  }
+  if (grad_output.dtype() != output.dtype()) {
+    throw Error("--grad-out " + path + ": grad_output dtype " + dtype_name(grad_output.dtype()) +
+                " differs from the inputs' " + dtype_name(output.dtype()));
   }
 }
 
@@ -86,8 +137,16 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
   }
   options.backend = parse_backend(arguments.backend);
   options.need_weights = given("--weights");
+  const bool backward = check_gradient_options(given);
+  options.need_logsumexp = backward;
   check_output_path("--out", arguments.output_path);
   if (options.need_weights) check_output_path("--weights", arguments.weights_path);
+  if (backward) {
+    check_output_path("--grad-query", arguments.grad_query_path);
+    check_output_path("--grad-key", arguments.grad_key_path);
+    check_output_path("--grad-value", arguments.grad_value_path);
+    if (given("--grad-bias")) check_output_path("--grad-bias", arguments.grad_bias_path);
+  }
 
   // 2. Inputs.
   const Tensor query = read_input("--query", arguments.query_path);
@@ -108,19 +167,54 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
     options.bias = bias->view();
   }
 
+  std::optional<Tensor> grad_output;
+  if (backward) {
+    grad_output = read_input("--grad-out", arguments.grad_output_path);
+    check_float_input("--grad-out", arguments.grad_output_path, *grad_output);
+  }
+
   // 3. The attention itself; it validates shapes and throws before computing anything.
   const AttentionResult result =
       scaled_dot_product_attention(query.view(), key.view(), value.view(), options);
 
-  // 4. Outputs, all or nothing.
+  // 4. The backward pass, from the forward's output and log-sum-exp. dBias (the size of the
+  //    broadcast scores) is computed only when asked for.
+  AttentionGradients gradients;
+  if (backward) {
+    check_grad_output(arguments.grad_output_path, *grad_output, result.output);
+    gradients.query = Tensor(query.dtype(), query.shape());
+    gradients.key = Tensor(key.dtype(), key.shape());
+    gradients.value = Tensor(value.dtype(), value.shape());
+    AttentionGradientViews views{gradients.query.view(), gradients.key.view(),
+                                 gradients.value.view(), std::nullopt};
+    if (given("--grad-bias")) {
+      gradients.bias = Tensor(bias->dtype(), bias->shape());
+      views.bias = gradients.bias.view();
+    }
+    scaled_dot_product_attention_backward_into(grad_output->view(), query.view(), key.view(),
+                                               value.view(), result.output.view(),
+                                               result.logsumexp.view(), views, options);
+  }
+
+  // 5. Outputs, all or nothing.
   std::vector<OutputFile> outputs = {{"--out", arguments.output_path, result.output.view()}};
   if (options.need_weights) {
     outputs.push_back({"--weights", arguments.weights_path, result.weights.view()});
   }
+  if (backward) {
+    outputs.push_back({"--grad-query", arguments.grad_query_path, gradients.query.view()});
+    outputs.push_back({"--grad-key", arguments.grad_key_path, gradients.key.view()});
+    outputs.push_back({"--grad-value", arguments.grad_value_path, gradients.value.view()});
+    if (given("--grad-bias")) {
+      outputs.push_back({"--grad-bias", arguments.grad_bias_path, gradients.bias.view()});
+    }
+  }
   write_outputs(outputs);
-  std::string summary = "wrote " + describe(arguments.output_path, result.output.view());
-  if (options.need_weights) {
-    summary += " and " + describe(arguments.weights_path, result.weights.view());
+  // "wrote O.npy (2, 5, 3) float32", "... and W.npy ...", "wrote A, B, C and D".
+  std::string summary = "wrote ";
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (i > 0) summary += i + 1 == outputs.size() ? " and " : ", ";
+    summary += describe(outputs[i].path, outputs[i].contents);
   }
   std::cout << summary << '\n';
 }
@@ -130,7 +224,9 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
 Command add_sdpa_command(CLI::App& app) {
   auto arguments = std::make_shared<SdpaArguments>();
   CLI::App* sdpa = app.add_subcommand(
-      "sdpa", "Scaled dot-product attention: softmax(Q·Kᵀ·scale + bias, masked)·V on .npy files");
+      "sdpa",
+      "Scaled dot-product attention: softmax(Q·Kᵀ·scale + bias, masked)·V on .npy files; with "
+      "--grad-out also its gradients (backward pass)");
   // Paths, numbers and names are taken as text and checked by run_sdpa, so that every bad
   // value gets the same kind of message.
   const auto file_option = [&](const char* name, std::string& target, const char* help) {
@@ -161,6 +257,16 @@ Command add_sdpa_command(CLI::App& app) {
   file_option("--out", arguments->output_path, "output (..., Lq, Ev), dtype of Q")->required();
   file_option("--weights", arguments->weights_path,
               "also write the attention weights (..., Lq, Lk), float32");
+  // The backward pass.
+  file_option("--grad-out", arguments->grad_output_path,
+              "dO (..., Lq, Ev), dtype of Q: run the backward pass too (needs --grad-query, "
+              "--grad-key, --grad-value)");
+  file_option("--grad-query", arguments->grad_query_path, "write dQ (..., Lq, E), dtype of Q");
+  file_option("--grad-key", arguments->grad_key_path, "write dK (..., Lk, E), dtype of K");
+  file_option("--grad-value", arguments->grad_value_path, "write dV (..., Lk, Ev), dtype of V");
+  file_option("--grad-bias", arguments->grad_bias_path,
+              "write dBias: the shape and dtype of --bias, summed over the dimensions it was "
+              "broadcast along");
   return {sdpa, [arguments, sdpa] { run_sdpa(*arguments, *sdpa); }};
 }
 
