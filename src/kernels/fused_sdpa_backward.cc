@@ -97,9 +97,24 @@ HWY_INLINE void ProductColumns(int64_t rows, int64_t depth, const float* a, int6
     Block<kRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
                        accumulate);
   }
-  for (; m < rows; ++m) {
-    Block<1, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
-                   accumulate);
+  // The last rows - m < kRows rows in one narrower block (64 = 10·6 + 4 on AVX-512).
+  const float* a_tail = a + m * a_row;
+  float* c_tail = c + m * c_row;
+  switch (rows - m) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    case 5:
+      return Block<5, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+    case 4:
+      return Block<4, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+    case 3:
+      return Block<3, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+#endif
+    case 2:
+      return Block<2, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+    case 1:
+      return Block<1, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+    default:
+      return;
   }
 }
 

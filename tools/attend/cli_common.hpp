@@ -51,6 +51,26 @@ struct OutputFile {
 // after all of them were written and flushed. Refuses two outputs naming the same path.
 void write_outputs(const std::vector<OutputFile>& files);
 
+// One text file written to a temporary file beside `path` (flushed to disk, mode 0644) by
+// the constructor and renamed over `path` by commit(); an uncommitted one is removed. Errors
+// throw attend::Error reading "<option>: <path>: <reason>".
+class StagedTextFile {
+ public:
+  StagedTextFile(const std::string& option, const std::string& path, const std::string& contents);
+  ~StagedTextFile();
+  StagedTextFile(const StagedTextFile&) = delete;
+  StagedTextFile& operator=(const StagedTextFile&) = delete;
+
+  void commit();
+
+ private:
+  [[noreturn]] void fail(const std::string& reason);
+
+  std::string option_;
+  std::string path_;
+  std::string temporary_path_;
+};
+
 // "O.npy (2, 5, 64) float32"
 std::string describe(const std::string& path, const TensorView& contents);
 

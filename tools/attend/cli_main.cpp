@@ -19,6 +19,7 @@
 #include "info_command.hpp"
 #include "mha_command.hpp"
 #include "sdpa_command.hpp"
+#include "train_demo_command.hpp"
 
 using attend::cli::Command;
 using attend::cli::kExitError;
@@ -62,6 +63,7 @@ int attend_cli_main(int argc, char** argv) {
         attend::cli::add_bench_command(app),
         attend::cli::add_demo_command(app),
         attend::cli::add_mha_command(app),
+        attend::cli::add_train_demo_command(app),
     };
     // clang-format on
     try {

@@ -5,14 +5,8 @@
 // pictures all-or-nothing: every temporary file first, the renames last.
 #include "demo_command.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -35,63 +29,6 @@ constexpr uint64_t kMaxThreads = 1 << 16;
 struct DemoArguments {
   std::string out_dir = "attend-demo";
   std::string threads_text;
-};
-
-// One text file written to a temporary file beside `path` (flushed to disk) by the
-// constructor and renamed over `path` by commit(); an uncommitted one is removed.
-class StagedTextFile {
- public:
-  StagedTextFile(const std::string& path, const std::string& contents) : path_(path) {
-    std::string temporary = path + ".tmp-XXXXXX";
-    const int fd = ::mkstemp(temporary.data());
-    if (fd < 0) fail("cannot create a temporary file: " + std::string(std::strerror(errno)));
-    temporary_path_ = temporary;
-    // mkstemp creates the file private (0600); a picture is for everyone to read.
-    if (::fchmod(fd, 0644) != 0) {
-      const std::string reason = std::strerror(errno);
-      ::close(fd);
-      fail("cannot set permissions: " + reason);
-    }
-    size_t written = 0;
-    while (written < contents.size()) {
-      const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const std::string reason = std::strerror(errno);
-        ::close(fd);
-        fail("cannot write: " + reason);
-      }
-      written += static_cast<size_t>(n);
-    }
-    if (::fsync(fd) != 0) {
-      const std::string reason = std::strerror(errno);
-      ::close(fd);
-      fail("cannot flush to disk: " + reason);
-    }
-    ::close(fd);
-  }
-  ~StagedTextFile() {
-    if (!temporary_path_.empty()) ::unlink(temporary_path_.c_str());
-  }
-  StagedTextFile(const StagedTextFile&) = delete;
-  StagedTextFile& operator=(const StagedTextFile&) = delete;
-
-  void commit() {
-    if (::rename(temporary_path_.c_str(), path_.c_str()) != 0) {
-      fail("cannot rename the temporary file into place: " + std::string(std::strerror(errno)));
-    }
-    temporary_path_.clear();
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& reason) {
-    if (!temporary_path_.empty()) ::unlink(temporary_path_.c_str());
-    temporary_path_.clear();
-    throw Error("--out-dir: " + path_ + ": " + reason);
-  }
-
-  std::string path_;
-  std::string temporary_path_;
 };
 
 // Creates `directory` (and its parents) unless it exists; throws naming --out-dir otherwise.
@@ -138,7 +75,7 @@ void run_demo(const DemoArguments& arguments) {
   std::vector<std::string> paths;
   for (const DemoPicture& picture : pictures) {
     paths.push_back((fs::path(arguments.out_dir) / picture.file_name).string());
-    staged.push_back(std::make_unique<StagedTextFile>(paths.back(), picture.svg));
+    staged.push_back(std::make_unique<StagedTextFile>("--out-dir", paths.back(), picture.svg));
   }
   for (auto& file : staged) file->commit();
   std::cout << "\nAll four scenes in " << static_cast<int64_t>(elapsed + 0.5) << " ms. Wrote:\n";

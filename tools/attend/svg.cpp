@@ -180,6 +180,22 @@ void Document::line(double x1, double y1, double x2, double y2, const std::strin
   body_ += "/>\n";
 }
 
+void Document::polyline(const std::vector<std::array<double, 2>>& points, const std::string& stroke,
+                        double stroke_width) {
+  std::string coordinates;
+  for (const auto& [x, y] : points) {
+    if (!coordinates.empty()) coordinates += ' ';
+    coordinates += coordinate(x) + "," + coordinate(y);
+  }
+  body_ += "<polyline";
+  append_attribute(body_, "points", coordinates);
+  append_attribute(body_, "fill", "none");
+  append_attribute(body_, "stroke", stroke);
+  append_attribute(body_, "stroke-width", coordinate(stroke_width));
+  append_attribute(body_, "stroke-linejoin", "round");
+  body_ += "/>\n";
+}
+
 std::string Document::str() const {
   const std::string w = coordinate(width_), h = coordinate(height_);
   return "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"

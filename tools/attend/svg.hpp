@@ -3,6 +3,7 @@
 // every piece of text XML-escaped.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -43,6 +44,9 @@ class Document {
   void path(const std::string& outline, const std::string& fill);
   void line(double x1, double y1, double x2, double y2, const std::string& stroke,
             double stroke_width);
+  // An open line through `points` ({x, y} pairs), unfilled (a curve of a plot).
+  void polyline(const std::vector<std::array<double, 2>>& points, const std::string& stroke,
+                double stroke_width);
 
   double width() const { return width_; }
   double height() const { return height_; }
