@@ -7,7 +7,7 @@
 //   attend sdpa --query W/f --key W/f --value W/f [tokens] --out W/out.npy
 // where W is a private temporary directory and W/f holds the payload. So that a fuzzed
 // command cannot touch the rest of the file system or run for long, the harness:
-//   - confines paths: the value of every file option (--query ... --weights, in either
+//   - confines paths: the value of every file option (--query ... --grad-bias, in either
 //     "--opt value" or "--opt=value" form) loses its '/' characters and is placed in W;
 //   - caps --threads at 4 (a huge count would start thousands of OpenMP threads);
 //   - drops subcommand names (`bench` measures for seconds);
@@ -49,11 +49,12 @@ std::string work_directory;  // W, with no trailing '/'
 
 // The CLI refuses a second subcommand; dropped anyway, so that a change there cannot make the
 // fuzzer run `bench` (seconds of measuring) or `demo`. Keep in step with cli_main.cpp.
-const std::set<std::string> kSubcommands = {"bench", "demo", "info", "mha", "sdpa"};
+const std::set<std::string> kSubcommands = {"bench", "demo", "info", "mha", "sdpa", "train-demo"};
 
 bool is_file_option(std::string_view name) {
   for (std::string_view option :
-       {"--query", "--key", "--value", "--mask", "--bias", "--out", "--weights"}) {
+       {"--query", "--key", "--value", "--mask", "--bias", "--out", "--weights", "--grad-out",
+        "--grad-query", "--grad-key", "--grad-value", "--grad-bias"}) {
     if (name == option) return true;
   }
   return false;

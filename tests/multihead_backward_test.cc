@@ -52,7 +52,7 @@ void expect_close(const Tensor& got, const Tensor& expected, double tolerance,
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         (a.numel() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
+         (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
 }
 
 // A float32 0/1 mask from the golden file as uint8 (attend's convention: zero excludes).

@@ -50,13 +50,18 @@ constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
 // every query tile passes.
 constexpr int64_t kQueryTile = 4 * kLanes;
 constexpr int64_t kKeyTile = 64;
-// Register blocks of the products: kRows rows of broadcast A × up to kVectors vectors of B.
+// Register blocks of the products: up to kAccumulators vector accumulators, ROWS rows of
+// broadcast A × VECS vectors of B with ROWS·VECS = kAccumulators (6 × 4, 12 × 2, 24 × 1 on
+// AVX-512): narrow products (E = 32 is 2 vectors) keep as many FMAs per load as wide ones.
+// Remainder rows go in blocks of kTailRows, then one narrower block.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-constexpr int kRows = 6;
+constexpr int kAccumulators = 24;
 constexpr int kVectors = 4;
+constexpr int kTailRows = 6;
 #else
-constexpr int kRows = 3;
+constexpr int kAccumulators = 6;
 constexpr int kVectors = 2;
+constexpr int kTailRows = 3;
 #endif
 
 int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
@@ -92,12 +97,17 @@ template <int VECS>
 HWY_INLINE void ProductColumns(int64_t rows, int64_t depth, const float* a, int64_t a_row,
                                int64_t a_col, const float* b, int64_t b_row, float* c,
                                int64_t c_row, bool accumulate) {
+  constexpr int kBlockRows = kAccumulators / VECS;
   int64_t m = 0;
-  for (; m + kRows <= rows; m += kRows) {
-    Block<kRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
-                       accumulate);
+  for (; m + kBlockRows <= rows; m += kBlockRows) {
+    Block<kBlockRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
+                            accumulate);
   }
-  // The last rows - m < kRows rows in one narrower block (64 = 10·6 + 4 on AVX-512).
+  for (; m + kTailRows <= rows; m += kTailRows) {
+    Block<kTailRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
+                           accumulate);
+  }
+  // The last rows - m < kTailRows rows in one narrower block (64 = 10·6 + 4 on AVX-512).
   const float* a_tail = a + m * a_row;
   float* c_tail = c + m * c_row;
   switch (rows - m) {
@@ -126,7 +136,12 @@ void Product(int64_t rows, int64_t vectors, int64_t depth, const float* a, int64
     ProductColumns<kVectors>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row,
                              c + v * kLanes, c_row, accumulate);
   }
-  for (; v < vectors; ++v) {
+  if (kVectors > 2 && v + 2 <= vectors) {
+    ProductColumns<2>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
+                      c_row, accumulate);
+    v += 2;
+  }
+  if (v < vectors) {
     ProductColumns<1>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
                       c_row, accumulate);
   }

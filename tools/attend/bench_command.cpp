@@ -61,7 +61,8 @@ struct CaseResult {
   double weights_ratio = 0;    // unet-weights: time / (time without weights + write time)
   double baseline_us = 0;      // unet-weights: the same problem without weights
   double write_us = 0;         // unet-weights: memset of the weights' bytes
-  int64_t peak_rss_bytes = 0;  // unet: process peak RSS after the case (inputs included)
+  // unet, unet-bwd: process peak RSS after the case (inputs and everything before included)
+  int64_t peak_rss_bytes = 0;
   double target_measure = 0;   // the figure the target is about
 };
 
@@ -166,7 +167,7 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, PeakTable
     result.write_us = write_seconds * 1e6;
     result.weights_ratio = seconds / (baseline_seconds + write_seconds);
   }
-  if (c.name == "unet") result.peak_rss_bytes = bench::peak_rss_bytes();
+  if (c.name == "unet" || c.name == "unet-bwd") result.peak_rss_bytes = bench::peak_rss_bytes();
   switch (c.target.kind) {
     case TargetKind::kMaxMicroseconds:
       result.target_measure = seconds * 1e6;
