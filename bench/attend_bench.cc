@@ -75,8 +75,7 @@ void register_all(int threads) {
                                      [&c, n](benchmark::State& state) {
                                        const auto call = make_module_workload(c, n);
                                        for (auto _ : state) call();
-                                       set_attention_counters(state, c.shape, n, false,
-                                                              c.flops());
+                                       set_attention_counters(state, c.shape, n, false, c.flops());
                                      })
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond)

@@ -411,16 +411,16 @@ void scaled_dot_product_attention_into(const TensorView& query, const TensorView
   detail::check_output("output", outputs.output, problem.output_shape, query.dtype, query, key,
                        value, options);
   if (outputs.weights) {
-    detail::check_output("weights", *outputs.weights, problem.scores_shape, DType::kFloat32,
-                         query, key, value, options);
+    detail::check_output("weights", *outputs.weights, problem.scores_shape, DType::kFloat32, query,
+                         key, value, options);
     if (detail::overlaps(*outputs.weights, outputs.output)) {
       throw Error("weights overlaps the memory of output");
     }
   }
   if (outputs.logsumexp) {
     detail::check_logsumexp("logsumexp", *outputs.logsumexp, problem.scores_shape);
-    detail::check_output("logsumexp", *outputs.logsumexp, outputs.logsumexp->shape,
-                         DType::kFloat32, query, key, value, options);
+    detail::check_output("logsumexp", *outputs.logsumexp, outputs.logsumexp->shape, DType::kFloat32,
+                         query, key, value, options);
     if (detail::overlaps(*outputs.logsumexp, outputs.output) ||
         (outputs.weights && detail::overlaps(*outputs.logsumexp, *outputs.weights))) {
       throw Error("logsumexp overlaps the memory of another output");

@@ -53,8 +53,7 @@ void reduce_to_bias(const Tensor& grad_scores, const detail::SdpaParams& p,
                     const TensorView& grad_bias) {
   const Tensor sums = Tensor::zeros(DType::kFloat64, grad_bias.shape);
   const TensorView sums_view = sums.view();
-  const OperandStrides to =
-      detail::broadcast_strides("bias", sums_view, grad_scores.shape());
+  const OperandStrides to = detail::broadcast_strides("bias", sums_view, grad_scores.shape());
   auto* out = static_cast<double*>(sums_view.data);
   const float* ds = grad_scores.data_as<float>();
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -72,9 +71,9 @@ void reduce_to_bias(const Tensor& grad_scores, const detail::SdpaParams& p,
 }
 
 void run_backward(const TensorView& grad_output, const TensorView& query, const TensorView& key,
-                  const TensorView& value, const TensorView& output,
-                  const TensorView& logsumexp, const AttentionGradientViews& gradients,
-                  const Problem& problem, const AttentionOptions& options) {
+                  const TensorView& value, const TensorView& output, const TensorView& logsumexp,
+                  const AttentionGradientViews& gradients, const Problem& problem,
+                  const AttentionOptions& options) {
   detail::KernelInputs inputs;
   SdpaBackwardParams bp;
   bp.forward = detail::make_params(query, key, value, problem, options, inputs);
@@ -121,9 +120,8 @@ void run_backward(const TensorView& grad_output, const TensorView& query, const 
 }
 
 Problem validate_backward(const TensorView& grad_output, const TensorView& query,
-                          const TensorView& key, const TensorView& value,
-                          const TensorView& output, const TensorView& logsumexp,
-                          const AttentionOptions& options) {
+                          const TensorView& key, const TensorView& value, const TensorView& output,
+                          const TensorView& logsumexp, const AttentionOptions& options) {
   const Problem problem = detail::validate_inputs(query, key, value, options);
   check_forward_tensor("grad_output", grad_output, problem);
   check_forward_tensor("output", output, problem);
@@ -152,10 +150,12 @@ AttentionGradients scaled_dot_product_attention_backward(
   return result;
 }
 
-void scaled_dot_product_attention_backward_into(
-    const TensorView& grad_output, const TensorView& query, const TensorView& key,
-    const TensorView& value, const TensorView& output, const TensorView& logsumexp,
-    const AttentionGradientViews& gradients, const AttentionOptions& options) {
+void scaled_dot_product_attention_backward_into(const TensorView& grad_output,
+                                                const TensorView& query, const TensorView& key,
+                                                const TensorView& value, const TensorView& output,
+                                                const TensorView& logsumexp,
+                                                const AttentionGradientViews& gradients,
+                                                const AttentionOptions& options) {
   const Problem problem =
       validate_backward(grad_output, query, key, value, output, logsumexp, options);
   std::vector<std::pair<const char*, const TensorView*>> written = {
@@ -164,8 +164,7 @@ void scaled_dot_product_attention_backward_into(
       {"grad_value", &gradients.value}};
   detail::check_output("grad_query", gradients.query, query.shape, query.dtype, query, key, value,
                        options);
-  detail::check_output("grad_key", gradients.key, key.shape, key.dtype, query, key, value,
-                       options);
+  detail::check_output("grad_key", gradients.key, key.shape, key.dtype, query, key, value, options);
   detail::check_output("grad_value", gradients.value, value.shape, value.dtype, query, key, value,
                        options);
   if (gradients.bias) {
@@ -191,8 +190,8 @@ void scaled_dot_product_attention_backward_into(
   run_backward(grad_output, query, key, value, output, logsumexp, gradients, problem, options);
 }
 
-double attention_backward_flops(int64_t batch, int64_t query_len, int64_t key_len,
-                                int64_t head_dim, int64_t value_dim, bool causal) {
+double attention_backward_flops(int64_t batch, int64_t query_len, int64_t key_len, int64_t head_dim,
+                                int64_t value_dim, bool causal) {
   return 2.5 * attention_flops(batch, query_len, key_len, head_dim, value_dim, causal);
 }
 

@@ -135,10 +135,10 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
         row_dot += weight[jj] * grad_weight[jj];
       }
       const double half_output = half_inputs ? kHalfUlp / 2 : 0.0;
-      const double error_row_dot = gamma_n(Ev + 2) * output_abs +
-                                   forward_tolerance.output[static_cast<size_t>(row)] / kSafety *
-                                       grad_abs +
-                                   half_output * output_abs;
+      const double error_row_dot =
+          gamma_n(Ev + 2) * output_abs +
+          forward_tolerance.output[static_cast<size_t>(row)] / kSafety * grad_abs +
+          half_output * output_abs;
       std::vector<double> row_error_direction(static_cast<size_t>(E), 0.0);
       for (int64_t j = 0; j < Lk; ++j) {
         const size_t jj = static_cast<size_t>(j);
@@ -166,11 +166,12 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
         for (int64_t c = 0; c < Ev; ++c) {
           const size_t vj = static_cast<size_t>((b * Lk + j) * Ev + c);
           g.value[vj] += kept * dout(c);
-          t.value[vj] += factor[jj] * e_p * std::abs(dout(c)) +
-                         gamma_n(Lq + 2) * std::abs(kept * dout(c));
+          t.value[vj] +=
+              factor[jj] * e_p * std::abs(dout(c)) + gamma_n(Lq + 2) * std::abs(kept * dout(c));
         }
         if (p.has_bias) {
-          const size_t beta = static_cast<size_t>(broadcast_flat_index(p.bias_shape, p.batch_shape, b, i, j));
+          const size_t beta =
+              static_cast<size_t>(broadcast_flat_index(p.bias_shape, p.batch_shape, b, i, j));
           g.bias[beta] += grad_score[jj];
           t.bias[beta] += error_score[jj];
           bias_abs_sum[beta] += std::abs(grad_score[jj]);
@@ -186,14 +187,13 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
   for (size_t n = 0; n < g.bias.size(); ++n) {  // the float64 sums of dS over β's positions
     t.bias[n] += gamma_n(static_cast<int64_t>(bias_terms[n]) + 2) * bias_abs_sum[n];
   }
-  for (Gradients* x : {&t}) {
-    for (std::vector<double>* values : {&x->query, &x->key, &x->value, &x->bias}) {
-      for (double& tol : *values) tol *= kSafety;
-    }
+  for (std::vector<double>* values : {&t.query, &t.key, &t.value, &t.bias}) {
+    for (double& tol : *values) tol *= kSafety;
   }
   if (half_inputs) {
     const auto add_half = [](std::vector<double>& tol, const std::vector<double>& exact) {
-      for (size_t n = 0; n < tol.size(); ++n) tol[n] += kHalfUlp / 2 * std::abs(exact[n]) + kHalfSubnormalUlp;
+      for (size_t n = 0; n < tol.size(); ++n)
+        tol[n] += kHalfUlp / 2 * std::abs(exact[n]) + kHalfSubnormalUlp;
     };
     add_half(t.query, g.query);
     add_half(t.key, g.key);

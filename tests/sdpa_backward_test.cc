@@ -4,6 +4,8 @@
 // tests/data/sdpa_backward_cases.txt: the reference backend, and the default backend on every
 // SIMD target this build and this CPU support. Also: the forward's log-sum-exp, dropout
 // regenerated from the seed, bitwise independence of the thread count, bad arguments.
+#include "attend/sdpa_backward.hpp"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,7 +16,6 @@
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
-#include "attend/sdpa_backward.hpp"
 #include "dropout.hpp"
 #include "error_model.hpp"
 #include "independent_gradients.hpp"
@@ -53,16 +54,16 @@ BackwardCase prepare(const SdpaCase& spec) {
     for (int64_t b = 0; b < p.batch(); ++b) {
       for (int64_t i = 0; i < p.query_len; ++i) {
         for (int64_t j = 0; j < p.key_len; ++j) {
-          p.dropout_factor.push_back(
-              detail::dropout_keep(spec.seed, threshold, b, i, j) ? 1.0 / (1.0 - spec.dropout)
-                                                                   : 0.0);
+          p.dropout_factor.push_back(detail::dropout_keep(spec.seed, threshold, b, i, j)
+                                         ? 1.0 / (1.0 - spec.dropout)
+                                         : 0.0);
         }
       }
     }
   }
   c.grad_output = grad_output_for(c.in, 1234);
-  c.check = independent_gradients(p, values_of(c.grad_output.view()),
-                                   spec.dtype == DType::kFloat16);
+  c.check =
+      independent_gradients(p, values_of(c.grad_output.view()), spec.dtype == DType::kFloat16);
   if (spec.bias == "keys") {  // a float16 bias gets a float16 gradient
     for (size_t n = 0; n < c.check.tolerance.bias.size(); ++n) {
       c.check.tolerance.bias[n] +=
@@ -116,8 +117,8 @@ void expect_close(const std::string& what, const std::vector<double>& got,
       worst_at = n;
     }
   }
-  EXPECT_LE(worst, 1.0) << what << " worst at flat index " << worst_at << ": got "
-                        << got[worst_at] << ", expected " << exact[worst_at] << ", tolerance "
+  EXPECT_LE(worst, 1.0) << what << " worst at flat index " << worst_at << ": got " << got[worst_at]
+                        << ", expected " << exact[worst_at] << ", tolerance "
                         << tolerance[worst_at];
 }
 
@@ -154,8 +155,8 @@ TEST(SdpaBackward, IndependentGradientMatchesFiniteDifferences) {
     const double work = static_cast<double>(p.batch()) * static_cast<double>(p.query_len) *
                         static_cast<double>(p.key_len) *
                         static_cast<double>(p.head_dim + p.value_dim);
-    const double inputs = static_cast<double>(p.query.size() + p.key.size() + p.value.size() +
-                                              p.bias.size());
+    const double inputs =
+        static_cast<double>(p.query.size() + p.key.size() + p.value.size() + p.bias.size());
     if (work * inputs > kFiniteDifferenceWork) continue;
     ++checked;
     const std::vector<double> g = values_of(c.grad_output.view());
@@ -254,7 +255,7 @@ TEST(SdpaBackward, LogSumExpMatchesIndependentForward) {
 TEST(SdpaBackward, BitwiseIdenticalAtAnyThreadCount) {
   for (const BackwardCase& c : cases()) {
     const Outcome one = run(c, Backend::kAuto, 1), two = run(c, Backend::kAuto, 2),
-              three = run(c, Backend::kAuto, 3);
+                  three = run(c, Backend::kAuto, 3);
     for (const Outcome* other : {&two, &three}) {
       const auto same = [&](const Tensor& a, const Tensor& b, const char* what) {
         ASSERT_EQ(a.nbytes(), b.nbytes());
@@ -271,8 +272,8 @@ TEST(SdpaBackward, BitwiseIdenticalAtAnyThreadCount) {
 // dV = P̃ᵀ·dO, with P̃ the forward's weights after dropout: the backward regenerated the same
 // keep/drop draws from the seed.
 TEST(SdpaBackward, DropoutMaskIsTheForwards) {
-  CaseInputs in = make_case_inputs(parse_sdpa_case(
-      "name=drop batch=2x2 lq=33 lk=70 e=16 ev=8 dropout=0.4 seed=42 causal=1"));
+  CaseInputs in = make_case_inputs(
+      parse_sdpa_case("name=drop batch=2x2 lq=33 lk=70 e=16 ev=8 dropout=0.4 seed=42 causal=1"));
   const Tensor g = random_tensor(Shape({2, 2, 33, 8}), 5);
   for (Backend backend : {Backend::kReference, Backend::kAuto}) {
     AttentionOptions options = in.options;

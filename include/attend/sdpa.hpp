@@ -62,8 +62,8 @@ struct AttentionOptions {
 };
 
 struct AttentionResult {
-  Tensor output;     // (..., Lq, Ev), dtype of query
-  Tensor weights;    // (..., Lq, Lk) float32 when need_weights, else empty
+  Tensor output;   // (..., Lq, Ev), dtype of query
+  Tensor weights;  // (..., Lq, Lk) float32 when need_weights, else empty
   // (..., Lq) float32 when need_logsumexp, else empty: lse_i = log Σ_j exp(s_ij) over the
   // scores after masking (natural log). Rows with every key excluded: -1e9 + log(Lk) for
   // FullyMaskedRows::kUniform (what the listing's scores give), -inf for kZero.

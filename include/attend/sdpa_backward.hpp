@@ -50,14 +50,16 @@ AttentionGradients scaled_dot_product_attention_backward(
     const TensorView& value, const TensorView& output, const TensorView& logsumexp,
     const AttentionOptions& options = {});
 
-void scaled_dot_product_attention_backward_into(
-    const TensorView& grad_output, const TensorView& query, const TensorView& key,
-    const TensorView& value, const TensorView& output, const TensorView& logsumexp,
-    const AttentionGradientViews& gradients, const AttentionOptions& options = {});
+void scaled_dot_product_attention_backward_into(const TensorView& grad_output,
+                                                const TensorView& query, const TensorView& key,
+                                                const TensorView& value, const TensorView& output,
+                                                const TensorView& logsumexp,
+                                                const AttentionGradientViews& gradients,
+                                                const AttentionOptions& options = {});
 
 // Multiply-add count of one backward call: 2.5 × attention_flops (five products of the
 // forward's sizes: S, dP̃, dV, dQ, dK), the convention of FlashAttention's benchmarks.
-double attention_backward_flops(int64_t batch, int64_t query_len, int64_t key_len,
-                                int64_t head_dim, int64_t value_dim, bool causal);
+double attention_backward_flops(int64_t batch, int64_t query_len, int64_t key_len, int64_t head_dim,
+                                int64_t value_dim, bool causal);
 
 }  // namespace attend

@@ -19,6 +19,8 @@
 //   o' = α·o + Σ_j 2^(s_j − m')·keep_j·v_j;    finally output = o / l / (1 − p).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/fused_sdpa.cc"
+#include "kernels/fused_sdpa.hpp"
+
 #include <hwy/aligned_allocator.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
@@ -32,7 +34,6 @@
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
-#include "kernels/fused_sdpa.hpp"
 #include "runtime_internal.hpp"
 
 // Exp2, kLog2e and DenormalsAreZero, once per target.
@@ -219,9 +220,8 @@ class TileAttention {
     if (tile.logsumexp) {
       for (int64_t r = 0; r < tile.rows; ++r) {
         tile.logsumexp[(tile.first_query + r) * p_.logsumexp_strides.row] =
-            may_exclude_rows && !ws_.visible[r]
-                ? FullyExcludedLogSumExp(p_)
-                : LogSumExp(ws_.row_max[r], ws_.row_sum[r]);
+            may_exclude_rows && !ws_.visible[r] ? FullyExcludedLogSumExp(p_)
+                                                : LogSumExp(ws_.row_max[r], ws_.row_sum[r]);
       }
     }
     if (may_exclude_rows) FixFullyExcludedRows(tile);
@@ -749,13 +749,11 @@ Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
   tile.value = p.value + p.batch_offset(p.value_strides, b);
   tile.output = p.output + p.batch_offset(p.output_strides, b);
   tile.weights = p.weights ? p.weights + p.batch_offset(p.weights_strides, b) : nullptr;
-  tile.logsumexp =
-      p.logsumexp ? p.logsumexp + p.batch_offset(p.logsumexp_strides, b) : nullptr;
+  tile.logsumexp = p.logsumexp ? p.logsumexp + p.batch_offset(p.logsumexp_strides, b) : nullptr;
   tile.mask = p.mask ? p.mask + p.batch_offset(p.mask_strides, b) : nullptr;
   tile.bias = p.bias ? p.bias + p.batch_offset(p.bias_strides, b) : nullptr;
   return tile;
 }
-
 
 // Runs items [0, items) on p.num_threads threads, each with its own workspace; inline when
 // one thread suffices. Each item is computed by one thread with the same instruction

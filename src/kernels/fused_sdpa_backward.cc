@@ -20,6 +20,8 @@
 // Extra memory: per thread O(Lq·(E + Ev)), plus (chunks − 1)·batch·Lq·E for the dQ parts.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/fused_sdpa_backward.cc"
+#include "kernels/fused_sdpa_backward.hpp"
+
 #include <hwy/aligned_allocator.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
@@ -33,7 +35,6 @@
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
-#include "kernels/fused_sdpa_backward.hpp"
 #include "runtime_internal.hpp"
 
 // Exp2, kLog2e and DenormalsAreZero, once per target.
@@ -133,17 +134,17 @@ void Product(int64_t rows, int64_t vectors, int64_t depth, const float* a, int64
              bool accumulate) {
   int64_t v = 0;
   for (; v + kVectors <= vectors; v += kVectors) {
-    ProductColumns<kVectors>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row,
-                             c + v * kLanes, c_row, accumulate);
+    ProductColumns<kVectors>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
+                             c_row, accumulate);
   }
   if (kVectors > 2 && v + 2 <= vectors) {
-    ProductColumns<2>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
-                      c_row, accumulate);
+    ProductColumns<2>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes, c_row,
+                      accumulate);
     v += 2;
   }
   if (v < vectors) {
-    ProductColumns<1>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
-                      c_row, accumulate);
+    ProductColumns<1>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes, c_row,
+                      accumulate);
   }
 }
 
@@ -151,20 +152,20 @@ void Product(int64_t rows, int64_t vectors, int64_t depth, const float* a, int64
 // (E_pad, Ev_pad) and queries to whole tiles (Lq_pad), with zeros.
 struct BackwardWorkspace {
   int64_t lq_pad, e_pad, ev_pad;
-  hwy::AlignedFreeUniquePtr<float[]> query_t;   // [E][Lq_pad]      Q·scale·log2 e, transposed
-  hwy::AlignedFreeUniquePtr<float[]> dout_t;    // [Ev][Lq_pad]     dO transposed
-  hwy::AlignedFreeUniquePtr<float[]> query;     // [Lq_pad][E_pad]  Q
-  hwy::AlignedFreeUniquePtr<float[]> dout;      // [Lq_pad][Ev_pad] dO
-  hwy::AlignedFreeUniquePtr<float[]> lse2;      // [Lq_pad]         lse·log2 e, +inf if dead
-  hwy::AlignedFreeUniquePtr<float[]> delta;     // [Lq_pad]         D = rowsum(dO ⊙ O)
-  hwy::AlignedFreeUniquePtr<float[]> dq;        // [Lq_pad][E_pad]  Σ_j dS·K of this item
-  hwy::AlignedFreeUniquePtr<float[]> key;       // [Tk][E_pad]      K of the key tile
-  hwy::AlignedFreeUniquePtr<float[]> dk;        // [Tk][E_pad]
-  hwy::AlignedFreeUniquePtr<float[]> dv;        // [Tk][Ev_pad]
-  hwy::AlignedFreeUniquePtr<float[]> prob_t;    // [Tk][Tq]  Sᵀ, then Pᵀ, then P̃ᵀ
-  hwy::AlignedFreeUniquePtr<float[]> grad_t;    // [Tk][Tq]  dP̃ᵀ, then dSᵀ
-  hwy::AlignedFreeUniquePtr<float[]> keep;      // [Tk][Tq]  Z/(1 − p), with dropout
-  std::vector<int64_t> dead_rows;               // rows with every key excluded (kUniform)
+  hwy::AlignedFreeUniquePtr<float[]> query_t;  // [E][Lq_pad]      Q·scale·log2 e, transposed
+  hwy::AlignedFreeUniquePtr<float[]> dout_t;   // [Ev][Lq_pad]     dO transposed
+  hwy::AlignedFreeUniquePtr<float[]> query;    // [Lq_pad][E_pad]  Q
+  hwy::AlignedFreeUniquePtr<float[]> dout;     // [Lq_pad][Ev_pad] dO
+  hwy::AlignedFreeUniquePtr<float[]> lse2;     // [Lq_pad]         lse·log2 e, +inf if dead
+  hwy::AlignedFreeUniquePtr<float[]> delta;    // [Lq_pad]         D = rowsum(dO ⊙ O)
+  hwy::AlignedFreeUniquePtr<float[]> dq;       // [Lq_pad][E_pad]  Σ_j dS·K of this item
+  hwy::AlignedFreeUniquePtr<float[]> key;      // [Tk][E_pad]      K of the key tile
+  hwy::AlignedFreeUniquePtr<float[]> dk;       // [Tk][E_pad]
+  hwy::AlignedFreeUniquePtr<float[]> dv;       // [Tk][Ev_pad]
+  hwy::AlignedFreeUniquePtr<float[]> prob_t;   // [Tk][Tq]  Sᵀ, then Pᵀ, then P̃ᵀ
+  hwy::AlignedFreeUniquePtr<float[]> grad_t;   // [Tk][Tq]  dP̃ᵀ, then dSᵀ
+  hwy::AlignedFreeUniquePtr<float[]> keep;     // [Tk][Tq]  Z/(1 − p), with dropout
+  std::vector<int64_t> dead_rows;              // rows with every key excluded (kUniform)
 
   explicit BackwardWorkspace(const SdpaParams& p)
       : lq_pad(RoundUp(std::max<int64_t>(p.query_len, 1), kQueryTile)),
@@ -186,8 +187,8 @@ struct BackwardWorkspace {
     keep = hwy::AllocateAligned<float>(n(p.dropout > 0 ? kKeyTile * kQueryTile : 1));
   }
   bool ok() const {
-    return query_t && dout_t && query && dout && lse2 && delta && dq && key && dk && dv &&
-           prob_t && grad_t && keep;
+    return query_t && dout_t && query && dout && lse2 && delta && dq && key && dk && dv && prob_t &&
+           grad_t && keep;
   }
 };
 
@@ -201,10 +202,11 @@ int64_t KeyChunks(const SdpaParams& p) {
 
 class BackwardItem {
  public:
-  BackwardItem(const SdpaBackwardParams& bp, BackwardWorkspace& ws) : bp_(bp), p_(bp.forward), ws_(ws) {}
+  BackwardItem(const SdpaBackwardParams& bp, BackwardWorkspace& ws)
+      : bp_(bp), p_(bp.forward), ws_(ws) {}
 
-  // Keys [key_begin, key_end) of batch index b; dQ's part goes to dq_out (row stride
-  // dq_row), scaled, when `finish_dq`, else unscaled into dq_out as a part to be summed.
+  // Keys [key_begin, key_end) of batch index b: writes their dK and dV, and their part of
+  // dQ, Σ_j dS·K without the scale, to dq_out (row stride dq_row).
   void Run(int64_t b, int64_t key_begin, int64_t key_end, float* dq_out, int64_t dq_row) {
     b_ = b;
     query_ = p_.query + p_.batch_offset(p_.query_strides, b);
@@ -212,9 +214,8 @@ class BackwardItem {
     value_ = p_.value + p_.batch_offset(p_.value_strides, b);
     mask_ = p_.mask ? p_.mask + p_.batch_offset(p_.mask_strides, b) : nullptr;
     bias_ = p_.bias ? p_.bias + p_.batch_offset(p_.bias_strides, b) : nullptr;
-    grad_scores_ = bp_.grad_scores
-                       ? bp_.grad_scores + p_.batch_offset(bp_.grad_scores_strides, b)
-                       : nullptr;
+    grad_scores_ =
+        bp_.grad_scores ? bp_.grad_scores + p_.batch_offset(bp_.grad_scores_strides, b) : nullptr;
     LoadQueryRows();
     std::fill_n(ws_.dq.get(), ws_.lq_pad * ws_.e_pad, 0.0f);
     for (int64_t k0 = key_begin; k0 < key_end; k0 += kKeyTile) {
@@ -268,8 +269,8 @@ class BackwardItem {
   }
 
   bool RowHasVisibleKey(int64_t i) const {
-    const int64_t last = p_.causal ? std::min(p_.causal_last_key(i), p_.key_len - 1)
-                                   : p_.key_len - 1;
+    const int64_t last =
+        p_.causal ? std::min(p_.causal_last_key(i), p_.key_len - 1) : p_.key_len - 1;
     if (mask_ == nullptr) return last >= 0;
     const uint8_t* m = mask_ + i * p_.mask_strides.row;
     for (int64_t j = 0; j <= last; ++j) {
@@ -312,8 +313,8 @@ class BackwardItem {
     float* prob_t = ws_.prob_t.get();
     float* grad_t = ws_.grad_t.get();
     // Sᵀ = K·Q̂ᵀ and dP̃ᵀ = V·dOᵀ: (keys × Tq), E and Ev deep.
-    Product(keys, tq / kLanes, p_.head_dim, ws_.key.get(), e_pad, 1, ws_.query_t.get() + q0,
-            lq_pad, prob_t, tq, false);
+    Product(keys, tq / kLanes, p_.head_dim, ws_.key.get(), e_pad, 1, ws_.query_t.get() + q0, lq_pad,
+            prob_t, tq, false);
     Product(keys, tq / kLanes, p_.value_dim, value_ + k0 * p_.value_strides.row,
             p_.value_strides.row, 1, ws_.dout_t.get() + q0, lq_pad, grad_t, tq, false);
     AdjustScores(k0, keys, q0);
@@ -338,9 +339,9 @@ class BackwardItem {
     const float excluded = -std::numeric_limits<float>::infinity();
     if (bias_) {
       for (int64_t r = 0; r < rows; ++r) {
-        const float* bias =
-            bias_ + (q0 + r) * p_.bias_strides.row + k0 * p_.bias_strides.column;
-        for (int64_t j = 0; j < keys; ++j) s[j * tq + r] += bias[j * p_.bias_strides.column] * kLog2e;
+        const float* bias = bias_ + (q0 + r) * p_.bias_strides.row + k0 * p_.bias_strides.column;
+        for (int64_t j = 0; j < keys; ++j)
+          s[j * tq + r] += bias[j * p_.bias_strides.column] * kLog2e;
       }
     }
     if (mask_) {
@@ -363,9 +364,9 @@ class BackwardItem {
         for (int64_t r = 0; r < tq; r += kLanes) {
           const auto lane = hn::Iota(di, static_cast<int32_t>(r));
           float* row = s + j * tq + r;
-          hn::Store(hn::IfThenElse(hn::RebindMask(d, hn::Lt(lane, limit)), excluded_v,
-                                   hn::Load(d, row)),
-                    d, row);
+          hn::Store(
+              hn::IfThenElse(hn::RebindMask(d, hn::Lt(lane, limit)), excluded_v, hn::Load(d, row)),
+              d, row);
         }
       }
     }
@@ -492,7 +493,8 @@ void FusedSdpaBackward(const SdpaBackwardParams& bp) {
       BackwardItem(bp, ws).Run(b, key_begin, key_end, dq, dq_row);
     }
   }
-  if (allocation_failed) throw Error("fused attention backward: out of memory for the work buffers");
+  if (allocation_failed)
+    throw Error("fused attention backward: out of memory for the work buffers");
   // dQ = scale·(part 0 + part 1 + ...), in chunk order.
   for (int64_t b = 0; b < p.batch; ++b) {
     float* dq = bp.grad_query + p.batch_offset(bp.grad_query_strides, b);

@@ -61,8 +61,8 @@ void reference_sdpa_backward(const SdpaBackwardParams& params) {
       for (size_t j = 0; j < lk; ++j) sum += weight[j] = std::exp(score[j] - max_score);
       for (size_t j = 0; j < lk; ++j) {
         weight[j] = zero_row ? 0.0 : weight[j] / sum;
-        const bool keep = p.dropout == 0 || dropout_keep(p.seed, threshold, b, i,
-                                                         static_cast<int64_t>(j));
+        const bool keep =
+            p.dropout == 0 || dropout_keep(p.seed, threshold, b, i, static_cast<int64_t>(j));
         kept[j] = keep ? weight[j] * keep_scale : 0.0;
         // dP̃_ij = dO_i · V_j; dP_ij = dP̃_ij · Z_ij / (1 − p).
         const float* vj = v + static_cast<int64_t>(j) * p.value_strides.row;

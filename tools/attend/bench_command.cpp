@@ -57,13 +57,13 @@ struct CaseResult {
   double gflops = 0;
   double peak_gflops = 0;
   double pct_peak = 0;
-  double gbps = 0;             // decode: K/V bytes read per second
-  double weights_ratio = 0;    // unet-weights: time / (time without weights + write time)
-  double baseline_us = 0;      // unet-weights: the same problem without weights
-  double write_us = 0;         // unet-weights: memset of the weights' bytes
+  double gbps = 0;           // decode: K/V bytes read per second
+  double weights_ratio = 0;  // unet-weights: time / (time without weights + write time)
+  double baseline_us = 0;    // unet-weights: the same problem without weights
+  double write_us = 0;       // unet-weights: memset of the weights' bytes
   // unet, unet-bwd: process peak RSS after the case (inputs and everything before included)
   int64_t peak_rss_bytes = 0;
-  double target_measure = 0;   // the figure the target is about
+  double target_measure = 0;  // the figure the target is about
 };
 
 BenchSettings parse_settings(const BenchArguments& arguments) {
