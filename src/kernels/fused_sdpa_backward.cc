@@ -152,20 +152,22 @@ void Product(int64_t rows, int64_t vectors, int64_t depth, const float* a, int64
 // (E_pad, Ev_pad) and queries to whole tiles (Lq_pad), with zeros.
 struct BackwardWorkspace {
   int64_t lq_pad, e_pad, ev_pad;
-  hwy::AlignedFreeUniquePtr<float[]> query_t;  // [E][Lq_pad]      Q·scale·log2 e, transposed
-  hwy::AlignedFreeUniquePtr<float[]> dout_t;   // [Ev][Lq_pad]     dO transposed
-  hwy::AlignedFreeUniquePtr<float[]> query;    // [Lq_pad][E_pad]  Q
-  hwy::AlignedFreeUniquePtr<float[]> dout;     // [Lq_pad][Ev_pad] dO
-  hwy::AlignedFreeUniquePtr<float[]> lse2;     // [Lq_pad]         lse·log2 e, +inf if dead
-  hwy::AlignedFreeUniquePtr<float[]> delta;    // [Lq_pad]         D = rowsum(dO ⊙ O)
-  hwy::AlignedFreeUniquePtr<float[]> dq;       // [Lq_pad][E_pad]  Σ_j dS·K of this item
-  hwy::AlignedFreeUniquePtr<float[]> key;      // [Tk][E_pad]      K of the key tile
-  hwy::AlignedFreeUniquePtr<float[]> dk;       // [Tk][E_pad]
-  hwy::AlignedFreeUniquePtr<float[]> dv;       // [Tk][Ev_pad]
-  hwy::AlignedFreeUniquePtr<float[]> prob_t;   // [Tk][Tq]  Sᵀ, then Pᵀ, then P̃ᵀ
-  hwy::AlignedFreeUniquePtr<float[]> grad_t;   // [Tk][Tq]  dP̃ᵀ, then dSᵀ
-  hwy::AlignedFreeUniquePtr<float[]> keep;     // [Tk][Tq]  Z/(1 − p), with dropout
-  std::vector<int64_t> dead_rows;              // rows with every key excluded (kUniform)
+  // Per query tile t, contiguous: [t][E][Tq] Q·scale·log2 e and [t][Ev][Tq] dO, transposed
+  // (a tile's rows Tq apart: rows Lq_pad apart would all fall in one L1 set).
+  hwy::AlignedFreeUniquePtr<float[]> query_t;
+  hwy::AlignedFreeUniquePtr<float[]> dout_t;
+  hwy::AlignedFreeUniquePtr<float[]> query;   // [Lq_pad][E_pad]  Q
+  hwy::AlignedFreeUniquePtr<float[]> dout;    // [Lq_pad][Ev_pad] dO
+  hwy::AlignedFreeUniquePtr<float[]> lse2;    // [Lq_pad]         lse·log2 e, +inf if dead
+  hwy::AlignedFreeUniquePtr<float[]> delta;   // [Lq_pad]         D = rowsum(dO ⊙ O)
+  hwy::AlignedFreeUniquePtr<float[]> dq;      // [Lq_pad][E_pad]  Σ_j dS·K of this item
+  hwy::AlignedFreeUniquePtr<float[]> key;     // [Tk][E_pad]      K of the key tile
+  hwy::AlignedFreeUniquePtr<float[]> dk;      // [Tk][E_pad]
+  hwy::AlignedFreeUniquePtr<float[]> dv;      // [Tk][Ev_pad]
+  hwy::AlignedFreeUniquePtr<float[]> prob_t;  // [Tk][Tq]  Sᵀ, then Pᵀ, then P̃ᵀ
+  hwy::AlignedFreeUniquePtr<float[]> grad_t;  // [Tk][Tq]  dP̃ᵀ, then dSᵀ
+  hwy::AlignedFreeUniquePtr<float[]> keep;    // [Tk][Tq]  Z/(1 − p), with dropout
+  std::vector<int64_t> dead_rows;             // rows with every key excluded (kUniform)
 
   explicit BackwardWorkspace(const SdpaParams& p)
       : lq_pad(RoundUp(std::max<int64_t>(p.query_len, 1), kQueryTile)),
@@ -249,14 +251,18 @@ class BackwardItem {
       const float* o = out + i * p_.output_strides.row;
       float* q_row = ws_.query.get() + i * e_pad;
       float* g_row = ws_.dout.get() + i * ev_pad;
+      // Lane i % Tq of tile i / Tq: tile t starts at t·Tq·E (Q̂ᵀ) and t·Tq·Ev (dOᵀ).
+      const int64_t tile_start = i / kQueryTile * kQueryTile, lane = i - tile_start;
+      float* query_t = ws_.query_t.get() + tile_start * p_.head_dim + lane;
+      float* dout_t = ws_.dout_t.get() + tile_start * p_.value_dim + lane;
       for (int64_t e = 0; e < p_.head_dim; ++e) {
         q_row[e] = q[e];
-        ws_.query_t[e * lq_pad + i] = q[e] * factor;
+        query_t[e * kQueryTile] = q[e] * factor;
       }
       float delta = 0;
       for (int64_t c = 0; c < p_.value_dim; ++c) {
         g_row[c] = g[c];
-        ws_.dout_t[c * lq_pad + i] = g[c];
+        dout_t[c * kQueryTile] = g[c];
         delta += g[c] * o[c];
       }
       ws_.delta[i] = delta;
@@ -308,15 +314,15 @@ class BackwardItem {
   }
 
   void QueryTile(int64_t k0, int64_t keys, int64_t q0) {
-    const int64_t lq_pad = ws_.lq_pad, e_pad = ws_.e_pad, ev_pad = ws_.ev_pad;
+    const int64_t e_pad = ws_.e_pad, ev_pad = ws_.ev_pad;
     constexpr int64_t tq = kQueryTile;
     float* prob_t = ws_.prob_t.get();
     float* grad_t = ws_.grad_t.get();
     // Sᵀ = K·Q̂ᵀ and dP̃ᵀ = V·dOᵀ: (keys × Tq), E and Ev deep.
-    Product(keys, tq / kLanes, p_.head_dim, ws_.key.get(), e_pad, 1, ws_.query_t.get() + q0, lq_pad,
-            prob_t, tq, false);
+    Product(keys, tq / kLanes, p_.head_dim, ws_.key.get(), e_pad, 1,
+            ws_.query_t.get() + q0 * p_.head_dim, tq, prob_t, tq, false);
     Product(keys, tq / kLanes, p_.value_dim, value_ + k0 * p_.value_strides.row,
-            p_.value_strides.row, 1, ws_.dout_t.get() + q0, lq_pad, grad_t, tq, false);
+            p_.value_strides.row, 1, ws_.dout_t.get() + q0 * p_.value_dim, tq, grad_t, tq, false);
     AdjustScores(k0, keys, q0);
     if (p_.dropout > 0) DropoutFactors(k0, keys, q0);
     SoftmaxGradient(keys, q0);
