@@ -1,6 +1,6 @@
-// concurrency_test: many std::threads calling scaled_dot_product_attention and
-// MultiHeadAttention::forward at once, with different shapes, masks, dropout seeds and
-// backends, on shared read-only inputs and one shared module. Every concurrent result must be
+// concurrency_test: many std::threads calling scaled_dot_product_attention (forward and
+// backward) and MultiHeadAttention::forward at once, with different shapes, masks, dropout seeds
+// and backends, on shared read-only inputs and one shared module. Every concurrent result must be
 // bitwise equal to the one computed beforehand on a single thread.
 //
 // Each call runs with num_threads = 1, so that the library's OpenMP does not start a team:
@@ -25,6 +25,7 @@
 #include "attend/error.hpp"
 #include "attend/multihead.hpp"
 #include "attend/sdpa.hpp"
+#include "attend/sdpa_backward.hpp"
 #include "attend/tensor.hpp"
 
 namespace attend {
@@ -58,6 +59,7 @@ Tensor random_mask(const Shape& shape, double keep_fraction, uint32_t seed) {
 struct Outputs {
   Tensor output;
   Tensor weights;
+  std::vector<Tensor> gradients;  // backward jobs: dQ, dK, dV
 };
 
 // One call with fixed inputs; run() may be called from any thread.
@@ -123,7 +125,40 @@ Job make_sdpa_job(const SdpaProblem& problem, std::vector<std::shared_ptr<Tensor
   options.num_threads = 1;
   return {"sdpa " + problem.name, [=] {
             AttentionResult result = scaled_dot_product_attention(query, key, value, options);
-            return Outputs{std::move(result.output), std::move(result.weights)};
+            return Outputs{std::move(result.output), std::move(result.weights), {}};
+          }};
+}
+
+// The same problem's forward (with log-sum-exp) and backward from a fixed dO.
+Job make_sdpa_backward_job(const SdpaProblem& problem,
+                           std::vector<std::shared_ptr<Tensor>>& storage, uint32_t seed) {
+  Job forward = make_sdpa_job(problem, storage, seed);
+  // make_sdpa_job stored query, key, value (and the mask) last: reuse them.
+  const size_t first = storage.size() - (problem.masked ? 4 : 3);
+  const TensorView query = storage[first]->view(), key = storage[first + 1]->view(),
+                   value = storage[first + 2]->view();
+  storage.push_back(std::make_shared<Tensor>(random_tensor(
+      problem.dtype, Shape({problem.batch, problem.heads, problem.query_len, problem.value_dim}),
+      seed + 5)));
+  const TensorView grad_output = storage.back()->view();
+  AttentionOptions options;
+  if (problem.masked) options.mask = storage[first + 3]->view();
+  options.causal = problem.causal;
+  options.dropout = problem.dropout;
+  options.seed = problem.seed;
+  options.backend = problem.backend;
+  options.fully_masked_rows = problem.fully_masked_rows;
+  options.need_logsumexp = true;
+  options.num_threads = 1;
+  return {"sdpa backward " + problem.name, [=] {
+            AttentionResult f = scaled_dot_product_attention(query, key, value, options);
+            AttentionGradients g = scaled_dot_product_attention_backward(
+                grad_output, query, key, value, f.output.view(), f.logsumexp.view(), options);
+            Outputs outputs{std::move(f.output), std::move(f.logsumexp), {}};
+            outputs.gradients.push_back(std::move(g.query));
+            outputs.gradients.push_back(std::move(g.key));
+            outputs.gradients.push_back(std::move(g.value));
+            return outputs;
           }};
 }
 
@@ -145,7 +180,7 @@ std::vector<Job> make_multihead_jobs(const MultiHeadAttention& module,
     options.num_threads = 1;
     jobs.push_back({"multihead " + name, [&module, q, kv, options] {
                       MultiHeadResult result = module.forward(q, kv, kv, options);
-                      return Outputs{std::move(result.output), std::move(result.weights)};
+                      return Outputs{std::move(result.output), std::move(result.weights), {}};
                     }});
   };
   MultiHeadForwardOptions self_attention;
@@ -223,6 +258,13 @@ void expect_concurrent_results_match(const std::vector<Job>& jobs) {
             if (w >= 0) {
               record(where + describe_difference("weights", got.weights, expected[j].weights, w));
             }
+            for (size_t g = 0; g < got.gradients.size(); ++g) {
+              const int64_t d = first_difference(got.gradients[g], expected[j].gradients[g]);
+              if (d >= 0) {
+                record(where + describe_difference("gradient", got.gradients[g],
+                                                   expected[j].gradients[g], d));
+              }
+            }
           } catch (const std::exception& e) {
             record(where + "threw " + e.what());
           }
@@ -241,6 +283,17 @@ TEST(Concurrency, ScaledDotProductAttentionFromManyThreads) {
   uint32_t seed = 1;
   for (const SdpaProblem& problem : kSdpaProblems) {
     jobs.push_back(make_sdpa_job(problem, storage, seed));
+    seed += 10;
+  }
+  expect_concurrent_results_match(jobs);
+}
+
+TEST(Concurrency, BackwardFromManyThreads) {
+  std::vector<std::shared_ptr<Tensor>> storage;
+  std::vector<Job> jobs;
+  uint32_t seed = 500;
+  for (const SdpaProblem& problem : kSdpaProblems) {
+    jobs.push_back(make_sdpa_backward_job(problem, storage, seed));
     seed += 10;
   }
   expect_concurrent_results_match(jobs);
@@ -279,7 +332,7 @@ TEST(Concurrency, MixedCallsFromManyThreads) {
                     options.dropout = 0.5;
                     options.seed = 3;
                     MultiHeadResult result = unpacked.forward(x, keys, values, options);
-                    return Outputs{std::move(result.output), std::move(result.weights)};
+                    return Outputs{std::move(result.output), std::move(result.weights), {}};
                   }});
   uint32_t seed = 500;
   for (const SdpaProblem& problem : kSdpaProblems) {
