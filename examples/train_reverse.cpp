@@ -5,9 +5,9 @@
 //              -> linear head -> softmax cross-entropy against the reversed ids
 //
 // The forward and backward passes of the embedding, the residual, the head and the loss, and
-// the Adam optimizer, are in tools/attend/train_reverse.cpp (shared with `attend train-demo`);
-// the attention's forward and backward come from the library (MultiHeadAttention::forward with
-// a MultiHeadTape, then MultiHeadAttention::backward).
+// the Adam optimizer, are in examples/reverse_task/train_reverse.cpp (shared with `attend
+// train-demo`); the attention's forward and backward come from the library
+// (MultiHeadAttention::forward with a MultiHeadTape, then MultiHeadAttention::backward).
 //
 // Run: ./build/examples/train_reverse [curves.svg]
 #include "train_reverse.hpp"
@@ -24,11 +24,12 @@
 int main(int argc, char** argv) {
   try {
     const std::string svg_path = argc > 1 ? argv[1] : "train_reverse.svg";
-    attend::cli::ReverseTaskSettings settings;  // V = 10, L = 8, E = 32, 4 heads, 1 layer
+    attend::examples::ReverseTaskSettings settings;  // V = 10, L = 8, E = 32, 4 heads, 1 layer
     settings.seed = 1;
 
-    attend::cli::ReverseModel model(settings);
-    const attend::cli::TrainingHistory history = attend::cli::train_reverse(model, &std::cout);
+    attend::examples::ReverseModel model(settings);
+    const attend::examples::TrainingHistory history =
+        attend::examples::train_reverse(model, &std::cout);
     if (history.solved_at_step > 0) {
       std::printf("Every held-out sequence reversed after %lld steps (%.1f s).\n",
                   static_cast<long long>(history.solved_at_step), history.seconds);
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
       std::printf("Not solved within %lld steps.\n", static_cast<long long>(settings.max_steps));
     }
     std::cout << "New random sequences (not from the training stream):\n";
-    attend::cli::print_reversal_examples(model, 4, std::cout);
+    attend::examples::print_reversal_examples(model, 4, std::cout);
 
     attend::cli::StagedTextFile("svg", svg_path,
                                 attend::cli::training_curves_svg(settings, history))

@@ -1,8 +1,9 @@
-// train_demo_test: the reversal model of `attend train-demo` (tools/attend/train_reverse.cpp).
-// Its gradients against central finite differences of its own loss, Adam's bias-corrected
-// first step, a full training run (the loss falls tenfold, every held-out sequence comes out
-// reversed, the same seed gives bitwise the same run at 1 and 2 threads), and the command run
-// in-process: its summary, its SVG (balanced tags, curves drawn) and its argument errors.
+// train_demo_test: the reversal model of `attend train-demo`
+// (examples/reverse_task/train_reverse.cpp). Its gradients against central finite differences of
+// its own loss, Adam's bias-corrected first step, a full training run (the loss falls tenfold,
+// every held-out sequence comes out reversed, the same seed gives bitwise the same run at 1 and 2
+// threads), and the command run in-process: its summary, its SVG (balanced tags, curves drawn) and
+// its argument errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,7 +24,7 @@ namespace attend {
 namespace {
 
 namespace fs = std::filesystem;
-using cli::ReverseTaskSettings;
+using examples::ReverseTaskSettings;
 
 // A model small enough to difference every parameter, with two layers so that the gradient
 // flows through an attention layer into another one.
@@ -40,9 +41,9 @@ ReverseTaskSettings tiny_settings() {
 
 TEST(TrainReverse, GradientsMatchCentralDifferences) {
   const ReverseTaskSettings settings = tiny_settings();
-  cli::ReverseModel model(settings);
-  const cli::ReverseBatch batch = cli::make_reverse_batch(settings, 3, settings.seed, 1);
-  const cli::BatchResult analytic = model.run(batch, true);
+  examples::ReverseModel model(settings);
+  const examples::ReverseBatch batch = examples::make_reverse_batch(settings, 3, settings.seed, 1);
+  const examples::BatchResult analytic = model.run(batch, true);
   const std::map<std::string, TensorView> parameters = model.parameters();
   ASSERT_EQ(analytic.gradients.size(), parameters.size());
 
@@ -85,7 +86,7 @@ TEST(TrainReverse, GradientsMatchCentralDifferences) {
 
 TEST(TrainReverse, BatchIsReversedAndKeyedBySeedAndStream) {
   const ReverseTaskSettings settings = tiny_settings();
-  const cli::ReverseBatch batch = cli::make_reverse_batch(settings, 4, 1, 2);
+  const examples::ReverseBatch batch = examples::make_reverse_batch(settings, 4, 1, 2);
   const int64_t L = settings.length;
   for (int64_t n = 0; n < 4; ++n) {
     for (int64_t i = 0; i < L; ++i) {
@@ -94,13 +95,13 @@ TEST(TrainReverse, BatchIsReversedAndKeyedBySeedAndStream) {
       EXPECT_EQ(batch.targets.data_as<int64_t>()[n * L + L - 1 - i], id);
     }
   }
-  const auto same = [&](const cli::ReverseBatch& other) {
+  const auto same = [&](const examples::ReverseBatch& other) {
     return std::equal(batch.ids.data_as<int64_t>(), batch.ids.data_as<int64_t>() + 4 * L,
                       other.ids.data_as<int64_t>());
   };
-  EXPECT_TRUE(same(cli::make_reverse_batch(settings, 4, 1, 2)));
-  EXPECT_FALSE(same(cli::make_reverse_batch(settings, 4, 1, 3)));
-  EXPECT_FALSE(same(cli::make_reverse_batch(settings, 4, 2, 2)));
+  EXPECT_TRUE(same(examples::make_reverse_batch(settings, 4, 1, 2)));
+  EXPECT_FALSE(same(examples::make_reverse_batch(settings, 4, 1, 3)));
+  EXPECT_FALSE(same(examples::make_reverse_batch(settings, 4, 2, 2)));
 }
 
 TEST(TrainReverse, AdamFirstStepMovesEachParameterByTheLearningRate) {
@@ -113,7 +114,7 @@ TEST(TrainReverse, AdamFirstStepMovesEachParameterByTheLearningRate) {
   gradient.data_as<float>()[2] = 250.0f;
   std::map<std::string, Tensor> gradients;
   gradients.emplace("p", std::move(gradient));
-  cli::Adam optimizer({{"p", TensorView(values.data(), Shape({3}))}}, 0.1);
+  examples::Adam optimizer({{"p", TensorView(values.data(), Shape({3}))}}, 0.1);
   optimizer.step(gradients);
   EXPECT_NEAR(values[0], 0.9f, 1e-5);
   EXPECT_NEAR(values[1], -1.9f, 1e-4);
@@ -129,8 +130,8 @@ TEST(TrainReverse, AdamFirstStepMovesEachParameterByTheLearningRate) {
 TEST(TrainReverse, LearnsToReverseAndIsReproducible) {
   ReverseTaskSettings settings;  // the command's defaults
   settings.seed = 5;
-  cli::ReverseModel model(settings);
-  const cli::TrainingHistory history = cli::train_reverse(model, nullptr);
+  examples::ReverseModel model(settings);
+  const examples::TrainingHistory history = examples::train_reverse(model, nullptr);
   ASSERT_GT(history.solved_at_step, 0) << "not solved within " << settings.max_steps;
   ASSERT_FALSE(history.losses.empty());
   EXPECT_EQ(static_cast<int64_t>(history.losses.size()), history.solved_at_step);
@@ -144,8 +145,8 @@ TEST(TrainReverse, LearnsToReverseAndIsReproducible) {
 
   // The same seed at another thread count: bitwise the same run.
   settings.num_threads = 2;
-  cli::ReverseModel again(settings);
-  const cli::TrainingHistory repeated = cli::train_reverse(again, nullptr);
+  examples::ReverseModel again(settings);
+  const examples::TrainingHistory repeated = examples::train_reverse(again, nullptr);
   EXPECT_EQ(repeated.solved_at_step, history.solved_at_step);
   ASSERT_EQ(repeated.losses.size(), history.losses.size());
   for (size_t i = 0; i < history.losses.size(); ++i) {
@@ -155,20 +156,20 @@ TEST(TrainReverse, LearnsToReverseAndIsReproducible) {
   // Another seed: another run.
   settings.seed = 6;
   settings.max_steps = 3;
-  cli::ReverseModel other(settings);
-  EXPECT_NE(cli::train_reverse(other, nullptr).losses[0], history.losses[0]);
+  examples::ReverseModel other(settings);
+  EXPECT_NE(examples::train_reverse(other, nullptr).losses[0], history.losses[0]);
 }
 
 TEST(TrainReverse, SettingsOutOfRangeAreRefused) {
   ReverseTaskSettings settings;
   settings.num_heads = 5;  // does not divide 32
-  EXPECT_THROW(cli::ReverseModel{settings}, Error);
+  EXPECT_THROW(examples::ReverseModel{settings}, Error);
   settings = {};
   settings.vocab_size = 1;
-  EXPECT_THROW(cli::validate(settings), Error);
+  EXPECT_THROW(examples::validate(settings), Error);
   settings = {};
   settings.learning_rate = std::nan("");
-  EXPECT_THROW(cli::validate(settings), Error);
+  EXPECT_THROW(examples::validate(settings), Error);
 }
 
 // --- The command ----------------------------------------------------------------------------

@@ -29,7 +29,7 @@ struct TrainDemoArguments {
 };
 
 void run_train_demo(const TrainDemoArguments& arguments) {
-  ReverseTaskSettings settings;
+  examples::ReverseTaskSettings settings;
   if (!arguments.steps_text.empty()) {
     settings.max_steps =
         static_cast<int64_t>(parse_integer("--steps", arguments.steps_text, 1, kMaxSteps));
@@ -47,9 +47,10 @@ void run_train_demo(const TrainDemoArguments& arguments) {
   }
   check_output_path("--svg", arguments.svg_path);
 
-  ReverseModel model(settings);
-  const TrainingHistory history = train_reverse(model, arguments.quiet ? nullptr : &std::cout);
-  const Evaluation& last = history.evaluations.back();
+  examples::ReverseModel model(settings);
+  const examples::TrainingHistory history =
+      examples::train_reverse(model, arguments.quiet ? nullptr : &std::cout);
+  const examples::Evaluation& last = history.evaluations.back();
   char summary[256];
   if (history.solved_at_step > 0) {
     std::snprintf(summary, sizeof summary,
@@ -69,7 +70,7 @@ void run_train_demo(const TrainDemoArguments& arguments) {
   std::cout << summary;
   if (!arguments.quiet) {
     std::cout << "New random sequences (not from the training stream):\n";
-    print_reversal_examples(model, 4, std::cout);
+    examples::print_reversal_examples(model, 4, std::cout);
   }
   StagedTextFile("--svg", arguments.svg_path, training_curves_svg(settings, history)).commit();
   std::cout << "Wrote " << arguments.svg_path << '\n';

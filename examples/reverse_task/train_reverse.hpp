@@ -22,7 +22,7 @@
 #include "attend/positional.hpp"
 #include "attend/tensor.hpp"
 
-namespace attend::cli {
+namespace attend::examples {
 
 struct ReverseTaskSettings {
   int64_t vocab_size = 10;  // V
@@ -125,4 +125,4 @@ TrainingHistory train_reverse(ReverseModel& model, std::ostream* log);
 //   "3 1 4 1 5 9 2 6  ->  6 2 9 5 1 4 1 3  right"
 void print_reversal_examples(const ReverseModel& model, int64_t count, std::ostream& out);
 
-}  // namespace attend::cli
+}  // namespace attend::examples

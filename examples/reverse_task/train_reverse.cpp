@@ -11,7 +11,7 @@
 
 #include "attend/error.hpp"
 
-namespace attend::cli {
+namespace attend::examples {
 namespace {
 
 // Salts that keep the generators of different purposes apart for one user seed.
@@ -395,4 +395,4 @@ void print_reversal_examples(const ReverseModel& model, int64_t count, std::ostr
   }
 }
 
-}  // namespace attend::cli
+}  // namespace attend::examples
