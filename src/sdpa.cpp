@@ -138,6 +138,18 @@ TensorView as_kernel_float(const TensorView& t, std::optional<Tensor>& storage) 
   return storage->view();
 }
 
+// A float32 view with a contiguous last dimension to write into: `out` itself when it is
+// one, else a staging tensor kept in `storage` (copied back by the caller).
+TensorView writable_kernel_float(const TensorView& out, std::optional<Tensor>& storage) {
+  if (out.dtype == DType::kFloat32 && (out.strides.back(0) == 1 || out.shape.back(0) <= 1)) {
+    TensorView v = out;
+    v.strides[v.rank() - 1] = 1;
+    return v;
+  }
+  storage.emplace(DType::kFloat32, out.shape);
+  return storage->view();
+}
+
 Problem validate_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                         const AttentionOptions& options) {
   check_view("query", q);
@@ -329,18 +341,6 @@ void check_logsumexp(const char* name, const TensorView& lse, const Shape& score
 }
 
 namespace {
-
-// A float32 view with a contiguous last dimension to write into: `out` itself when it is
-// one, else a staging tensor kept in `storage` (copied back by the caller).
-TensorView writable_kernel_float(const TensorView& out, std::optional<Tensor>& storage) {
-  if (out.dtype == DType::kFloat32 && (out.strides.back(0) == 1 || out.shape.back(0) <= 1)) {
-    TensorView v = out;
-    v.strides[v.rank() - 1] = 1;
-    return v;
-  }
-  storage.emplace(DType::kFloat32, out.shape);
-  return storage->view();
-}
 
 void run(const TensorView& query, const TensorView& key, const TensorView& value,
          const Problem& problem, const AttentionOutputViews& outputs,

@@ -35,18 +35,6 @@ void check_forward_tensor(const char* name, const TensorView& t, const Problem& 
   }
 }
 
-// A float32 view with a contiguous last dimension to write into: `out` itself when it is
-// one, else a staging tensor (copied back after the kernel).
-TensorView writable_kernel_float(const TensorView& out, std::optional<Tensor>& storage) {
-  if (out.dtype == DType::kFloat32 && (out.strides.back(0) == 1 || out.shape.back(0) <= 1)) {
-    TensorView v = out;
-    v.strides[v.rank() - 1] = 1;
-    return v;
-  }
-  storage.emplace(DType::kFloat32, out.shape);
-  return storage->view();
-}
-
 // dBias = dS (scores_shape) summed over the dimensions along which bias broadcasts, in
 // row-major order of dS (a fixed order: deterministic), accumulated in float64.
 void reduce_to_bias(const Tensor& grad_scores, const detail::SdpaParams& p,
@@ -90,9 +78,9 @@ void run_backward(const TensorView& grad_output, const TensorView& query, const 
   bp.logsumexp_strides = detail::row_vector_strides(logsumexp);
 
   std::optional<Tensor> dq_copy, dk_copy, dv_copy;
-  const TensorView dq = writable_kernel_float(gradients.query, dq_copy);
-  const TensorView dk = writable_kernel_float(gradients.key, dk_copy);
-  const TensorView dv = writable_kernel_float(gradients.value, dv_copy);
+  const TensorView dq = detail::writable_kernel_float(gradients.query, dq_copy);
+  const TensorView dk = detail::writable_kernel_float(gradients.key, dk_copy);
+  const TensorView dv = detail::writable_kernel_float(gradients.value, dv_copy);
   bp.grad_query = dq.data_as<float>();
   bp.grad_query_strides = detail::plain_strides(dq);
   bp.grad_key = dk.data_as<float>();

@@ -29,6 +29,9 @@ OperandStrides plain_strides(const TensorView& t);
 OperandStrides row_vector_strides(const TensorView& t);
 // The view when it is float32 with a contiguous last dimension, else a float32 copy.
 TensorView as_kernel_float(const TensorView& t, std::optional<Tensor>& storage);
+// An output to write: the view itself when it is float32 with a contiguous last dimension,
+// else a float32 staging tensor in `storage` (the caller converts it back afterwards).
+TensorView writable_kernel_float(const TensorView& out, std::optional<Tensor>& storage);
 
 // Checks query, key, value, mask, bias and the options; the shapes of scores and output.
 Problem validate_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
