@@ -46,10 +46,10 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
-// Query tile: 4 vectors (64 queries on AVX-512), as the forward. Key tile: 64 keys, so that
-// the dK and dV accumulators (64 × E floats each, 32 KiB at E = 128) stay in L1/L2 while
-// every query tile passes.
-constexpr int64_t kQueryTile = 4 * kLanes;
+// Query tile: up to 4 vectors (64 queries on AVX-512), as many as the queries fill, as the
+// forward. Key tile: 64 keys, so that the dK and dV accumulators (64 × E floats each, 32 KiB
+// at E = 128) stay in L1/L2 while every query tile passes.
+constexpr int64_t kMaxQueryVectors = 4;
 constexpr int64_t kKeyTile = 64;
 // Register blocks of the products: up to kAccumulators vector accumulators, ROWS rows of
 // broadcast A × VECS vectors of B with ROWS·VECS = kAccumulators (6 × 4, 12 × 2, 24 × 1 on
@@ -151,6 +151,7 @@ void Product(int64_t rows, int64_t vectors, int64_t depth, const float* a, int64
 // Per-thread scratch, allocated once per call and thread. Rows are padded to whole vectors
 // (E_pad, Ev_pad) and queries to whole tiles (Lq_pad), with zeros.
 struct BackwardWorkspace {
+  int64_t tq;  // queries per tile: 1 to 4 whole vectors
   int64_t lq_pad, e_pad, ev_pad;
   // Per query tile t, contiguous: [t][E][Tq] Q·scale·log2 e and [t][Ev][Tq] dO, transposed
   // (a tile's rows Tq apart: rows Lq_pad apart would all fall in one L1 set).
@@ -170,7 +171,8 @@ struct BackwardWorkspace {
   std::vector<int64_t> dead_rows;             // rows with every key excluded (kUniform)
 
   explicit BackwardWorkspace(const SdpaParams& p)
-      : lq_pad(RoundUp(std::max<int64_t>(p.query_len, 1), kQueryTile)),
+      : tq(std::min(kMaxQueryVectors, (p.query_len + kLanes - 1) / kLanes) * kLanes),
+        lq_pad(RoundUp(std::max<int64_t>(p.query_len, 1), tq)),
         e_pad(RoundUp(p.head_dim, kLanes)),
         ev_pad(RoundUp(p.value_dim, kLanes)) {
     const auto n = [](int64_t count) { return static_cast<size_t>(count); };
@@ -184,9 +186,9 @@ struct BackwardWorkspace {
     key = hwy::AllocateAligned<float>(n(kKeyTile * e_pad));
     dk = hwy::AllocateAligned<float>(n(kKeyTile * e_pad));
     dv = hwy::AllocateAligned<float>(n(kKeyTile * ev_pad));
-    prob_t = hwy::AllocateAligned<float>(n(kKeyTile * kQueryTile));
-    grad_t = hwy::AllocateAligned<float>(n(kKeyTile * kQueryTile));
-    keep = hwy::AllocateAligned<float>(n(p.dropout > 0 ? kKeyTile * kQueryTile : 1));
+    prob_t = hwy::AllocateAligned<float>(n(kKeyTile * tq));
+    grad_t = hwy::AllocateAligned<float>(n(kKeyTile * tq));
+    keep = hwy::AllocateAligned<float>(n(p.dropout > 0 ? kKeyTile * tq : 1));
   }
   bool ok() const {
     return query_t && dout_t && query && dout && lse2 && delta && dq && key && dk && dv && prob_t &&
@@ -252,17 +254,17 @@ class BackwardItem {
       float* q_row = ws_.query.get() + i * e_pad;
       float* g_row = ws_.dout.get() + i * ev_pad;
       // Lane i % Tq of tile i / Tq: tile t starts at t·Tq·E (Q̂ᵀ) and t·Tq·Ev (dOᵀ).
-      const int64_t tile_start = i / kQueryTile * kQueryTile, lane = i - tile_start;
+      const int64_t tile_start = i / ws_.tq * ws_.tq, lane = i - tile_start;
       float* query_t = ws_.query_t.get() + tile_start * p_.head_dim + lane;
       float* dout_t = ws_.dout_t.get() + tile_start * p_.value_dim + lane;
       for (int64_t e = 0; e < p_.head_dim; ++e) {
         q_row[e] = q[e];
-        query_t[e * kQueryTile] = q[e] * factor;
+        query_t[e * ws_.tq] = q[e] * factor;
       }
       float delta = 0;
       for (int64_t c = 0; c < p_.value_dim; ++c) {
         g_row[c] = g[c];
-        dout_t[c * kQueryTile] = g[c];
+        dout_t[c * ws_.tq] = g[c];
         delta += g[c] * o[c];
       }
       ws_.delta[i] = delta;
@@ -299,8 +301,8 @@ class BackwardItem {
     // whose last key reaches k0).
     int64_t q_begin = 0;
     if (p_.causal) q_begin = std::max<int64_t>(0, k0 - (p_.key_len - p_.query_len));
-    q_begin = q_begin / kQueryTile * kQueryTile;
-    for (int64_t q0 = q_begin; q0 < p_.query_len; q0 += kQueryTile) QueryTile(k0, keys, q0);
+    q_begin = q_begin / ws_.tq * ws_.tq;
+    for (int64_t q0 = q_begin; q0 < p_.query_len; q0 += ws_.tq) QueryTile(k0, keys, q0);
     if (!ws_.dead_rows.empty()) DeadRowsValues(k0, keys);
 
     float* dk = bp_.grad_key + p_.batch_offset(bp_.grad_key_strides, b_);
@@ -315,7 +317,7 @@ class BackwardItem {
 
   void QueryTile(int64_t k0, int64_t keys, int64_t q0) {
     const int64_t e_pad = ws_.e_pad, ev_pad = ws_.ev_pad;
-    constexpr int64_t tq = kQueryTile;
+    const int64_t tq = ws_.tq;
     float* prob_t = ws_.prob_t.get();
     float* grad_t = ws_.grad_t.get();
     // Sᵀ = K·Q̂ᵀ and dP̃ᵀ = V·dOᵀ: (keys × Tq), E and Ev deep.
@@ -339,7 +341,7 @@ class BackwardItem {
 
   // Bias (log2 domain) and exclusions (-inf: P = 0, as the forward's exp(-1e9 − lse)).
   void AdjustScores(int64_t k0, int64_t keys, int64_t q0) {
-    constexpr int64_t tq = kQueryTile;
+    const int64_t tq = ws_.tq;
     float* s = ws_.prob_t.get();
     const int64_t rows = std::min(tq, p_.query_len - q0);
     const float excluded = -std::numeric_limits<float>::infinity();
@@ -380,7 +382,7 @@ class BackwardItem {
 
   // keep[j][r] = Z/(1 − p) from the forward's Philox draws of (b, q0 + r, k0 + j).
   void DropoutFactors(int64_t k0, int64_t keys, int64_t q0) {
-    constexpr int64_t tq = kQueryTile;
+    const int64_t tq = ws_.tq;
     const uint32_t threshold = dropout_threshold(p_.dropout);
     const float keep_scale = 1.0f / (1.0f - p_.dropout);
     float* keep = ws_.keep.get();
@@ -399,7 +401,7 @@ class BackwardItem {
   // Pᵀ = 2^(Sᵀ − lse₂); dSᵀ = Pᵀ·(dP̃ᵀ·keep − D); P̃ᵀ = Pᵀ·keep (in place of Sᵀ).
   void SoftmaxGradient(int64_t keys, int64_t q0) {
     const DF d;
-    constexpr int64_t tq = kQueryTile;
+    const int64_t tq = ws_.tq;
     float* prob_t = ws_.prob_t.get();
     float* grad_t = ws_.grad_t.get();
     const float* keep = ws_.keep.get();
@@ -423,10 +425,10 @@ class BackwardItem {
   }
 
   void WriteGradScores(int64_t k0, int64_t keys, int64_t q0) {
-    const int64_t rows = std::min(kQueryTile, p_.query_len - q0);
+    const int64_t rows = std::min(ws_.tq, p_.query_len - q0);
     for (int64_t r = 0; r < rows; ++r) {
       float* ds = grad_scores_ + (q0 + r) * bp_.grad_scores_strides.row + k0;
-      for (int64_t j = 0; j < keys; ++j) ds[j] = ws_.grad_t[j * kQueryTile + r];
+      for (int64_t j = 0; j < keys; ++j) ds[j] = ws_.grad_t[j * ws_.tq + r];
     }
   }
 
