@@ -19,11 +19,12 @@ namespace attend::detail {
 namespace {
 
 bool is_mask_dtype(DType d) { return !is_floating(d); }
+
+}  // namespace
+
 bool is_attention_float(DType d) {
   return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
 }
-
-}  // namespace
 
 std::string describe(const char* name, const TensorView& t) {
   return std::string(name) + " " + t.shape.str();

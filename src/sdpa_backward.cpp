@@ -18,10 +18,6 @@ using detail::OperandStrides;
 using detail::Problem;
 using detail::SdpaBackwardParams;
 
-bool is_attention_float(DType d) {
-  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
-}
-
 // dO and O: (..., Lq, Ev), a floating dtype the forward accepts.
 void check_forward_tensor(const char* name, const TensorView& t, const Problem& problem) {
   detail::check_view(name, t);
@@ -29,7 +25,7 @@ void check_forward_tensor(const char* name, const TensorView& t, const Problem& 
     throw Error(detail::describe(name, t) + " does not match the attention output " +
                 problem.output_shape.str() + " (..., Lq, Ev)");
   }
-  if (!is_attention_float(t.dtype)) {
+  if (!detail::is_attention_float(t.dtype)) {
     throw Error(std::string(name) + ": dtype " + dtype_name(t.dtype) +
                 " is not supported (float32, float16 or bfloat16)");
   }
@@ -39,10 +35,9 @@ void check_forward_tensor(const char* name, const TensorView& t, const Problem& 
 // row-major order of dS (a fixed order: deterministic), accumulated in float64.
 void reduce_to_bias(const Tensor& grad_scores, const detail::SdpaParams& p,
                     const TensorView& grad_bias) {
-  const Tensor sums = Tensor::zeros(DType::kFloat64, grad_bias.shape);
-  const TensorView sums_view = sums.view();
-  const OperandStrides to = detail::broadcast_strides("bias", sums_view, grad_scores.shape());
-  auto* out = static_cast<double*>(sums_view.data);
+  Tensor sums = Tensor::zeros(DType::kFloat64, grad_bias.shape);
+  const OperandStrides to = detail::broadcast_strides("bias", sums.view(), grad_scores.shape());
+  auto* out = sums.data_as<double>();
   const float* ds = grad_scores.data_as<float>();
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t base = p.batch_offset(to, b);

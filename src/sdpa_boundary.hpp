@@ -16,6 +16,8 @@ struct Problem {
   Shape output_shape;  // (batch..., Lq, Ev)
 };
 
+// float32, float16 or bfloat16: what query, key, value, bias (and dO, O) may be.
+bool is_attention_float(DType d);
 // "name (2, 3, 4)"
 std::string describe(const char* name, const TensorView& t);
 // Null data, rank/stride mismatch, negative sizes or strides, byte offsets that overflow.

@@ -30,7 +30,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <vector>
 
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
@@ -168,7 +167,10 @@ struct BackwardWorkspace {
   hwy::AlignedFreeUniquePtr<float[]> prob_t;  // [Tk][Tq]  Sᵀ, then Pᵀ, then P̃ᵀ
   hwy::AlignedFreeUniquePtr<float[]> grad_t;  // [Tk][Tq]  dP̃ᵀ, then dSᵀ
   hwy::AlignedFreeUniquePtr<float[]> keep;    // [Tk][Tq]  Z/(1 − p), with dropout
-  std::vector<int64_t> dead_rows;             // rows with every key excluded (kUniform)
+  // Rows with every key excluded (kUniform): [dead_count] of [Lq] (no std::vector: nothing
+  // in an OpenMP region may throw).
+  hwy::AlignedFreeUniquePtr<int64_t[]> dead_rows;
+  int64_t dead_count = 0;
 
   explicit BackwardWorkspace(const SdpaParams& p)
       : tq(std::min(kMaxQueryVectors, (p.query_len + kLanes - 1) / kLanes) * kLanes),
@@ -189,10 +191,11 @@ struct BackwardWorkspace {
     prob_t = hwy::AllocateAligned<float>(n(kKeyTile * tq));
     grad_t = hwy::AllocateAligned<float>(n(kKeyTile * tq));
     keep = hwy::AllocateAligned<float>(n(p.dropout > 0 ? kKeyTile * tq : 1));
+    dead_rows = hwy::AllocateAligned<int64_t>(n(std::max<int64_t>(p.query_len, 1)));
   }
   bool ok() const {
     return query_t && dout_t && query && dout && lse2 && delta && dq && key && dk && dv && prob_t &&
-           grad_t && keep;
+           grad_t && keep && dead_rows;
   }
 };
 
@@ -246,7 +249,7 @@ class BackwardItem {
     std::fill_n(ws_.dout_t.get(), p_.value_dim * lq_pad, 0.0f);
     std::fill_n(ws_.lse2.get(), lq_pad, std::numeric_limits<float>::infinity());
     std::fill_n(ws_.delta.get(), lq_pad, 0.0f);
-    ws_.dead_rows.clear();
+    ws_.dead_count = 0;
     for (int64_t i = 0; i < lq; ++i) {
       const float* q = query_ + i * p_.query_strides.row;
       const float* g = dout + i * bp_.grad_output_strides.row;
@@ -271,7 +274,7 @@ class BackwardItem {
       if (RowHasVisibleKey(i)) {
         ws_.lse2[i] = lse[i * bp_.logsumexp_strides.row] * kLog2e;
       } else if (!p_.zero_fully_masked_rows) {
-        ws_.dead_rows.push_back(i);  // P = 1/Lk, no gradient to S: only dV (DeadRowsValues)
+        ws_.dead_rows[ws_.dead_count++] = i;  // P = 1/Lk, no gradient to S: dV only
       }
     }
   }
@@ -303,7 +306,7 @@ class BackwardItem {
     if (p_.causal) q_begin = std::max<int64_t>(0, k0 - (p_.key_len - p_.query_len));
     q_begin = q_begin / ws_.tq * ws_.tq;
     for (int64_t q0 = q_begin; q0 < p_.query_len; q0 += ws_.tq) QueryTile(k0, keys, q0);
-    if (!ws_.dead_rows.empty()) DeadRowsValues(k0, keys);
+    if (ws_.dead_count > 0) DeadRowsValues(k0, keys);
 
     float* dk = bp_.grad_key + p_.batch_offset(bp_.grad_key_strides, b_);
     float* dv = bp_.grad_value + p_.batch_offset(bp_.grad_value_strides, b_);
@@ -438,7 +441,8 @@ class BackwardItem {
     const uint32_t threshold = dropout_threshold(p_.dropout);
     const float uniform = 1.0f / static_cast<float>(p_.key_len);
     const float kept = static_cast<float>(uniform / (1.0 - static_cast<double>(p_.dropout)));
-    for (int64_t i : ws_.dead_rows) {
+    for (int64_t d = 0; d < ws_.dead_count; ++d) {
+      const int64_t i = ws_.dead_rows[d];
       const float* g = ws_.dout.get() + i * ws_.ev_pad;
       for (int64_t j = 0; j < keys; ++j) {
         float w = uniform;
