@@ -518,6 +518,7 @@ struct RowWorkspace {
     } else {
       heap_scores_ = hwy::AllocateAligned<float>(score_count);
       scores = heap_scores_.get();
+      if (scores) std::fill_n(scores, score_count, 0.0f);
     }
     if (out_count <= kInlineValueDim) {
       out = inline_out_;
@@ -531,7 +532,8 @@ struct RowWorkspace {
   bool ok() const { return scores != nullptr && out != nullptr; }
 
  private:
-  alignas(64) float inline_scores_[kInlineKeys];
+  // Zeroed: the score pass reads whole vectors past the keys (and masks those lanes).
+  alignas(64) float inline_scores_[kInlineKeys] = {};
   alignas(64) float inline_out_[kInlineValueDim];
   hwy::AlignedFreeUniquePtr<float[]> heap_scores_;
   hwy::AlignedFreeUniquePtr<float[]> heap_out_;
@@ -622,19 +624,23 @@ class RowAttention {
     }
     const float* bias = tile.bias ? tile.bias + i * p_.bias_strides.row : nullptr;
     const uint8_t* mask = tile.mask ? tile.mask + i * p_.mask_strides.row : nullptr;
-    // Pad to whole vectors with -inf (after scaling: the scale may be negative):
-    // 2^(-inf) = 0 leaves the sum alone.
+    // Whole vectors, the lanes past key_end set to -inf after scaling (the scale may be
+    // negative): 2^(-inf) = 0 leaves the sum alone. One pass, vector stores only: scalar
+    // fills followed by a vector load of the same bytes stall store-to-load forwarding.
     const int64_t padded_end = static_cast<int64_t>(
         hwy::RoundUpTo(static_cast<size_t>(key_end), static_cast<size_t>(kLanes)));
-    VF max_v = hn::Set(d, -std::numeric_limits<float>::infinity());
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    VF max_v = neg_inf;
     if (bias == nullptr && mask == nullptr) {
-      std::fill(scores + key_end, scores + padded_end, 0.0f);
       const VF factor_v = hn::Set(d, factor);
       for (j = 0; j < padded_end; j += kLanes) {
-        hn::Store(hn::Mul(hn::Load(d, scores + j), factor_v), d, scores + j);
+        VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
+        if (j + kLanes > key_end) {
+          s = hn::IfThenElse(hn::FirstN(d, static_cast<size_t>(key_end - j)), s, neg_inf);
+        }
+        hn::Store(s, d, scores + j);
+        max_v = hn::Max(max_v, s);
       }
-      std::fill(scores + key_end, scores + padded_end, -std::numeric_limits<float>::infinity());
-      for (j = 0; j < padded_end; j += kLanes) max_v = hn::Max(max_v, hn::Load(d, scores + j));
       visible = key_end > 0;
     } else {
       std::fill(scores + key_end, scores + padded_end, -std::numeric_limits<float>::infinity());
