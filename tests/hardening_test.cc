@@ -22,6 +22,7 @@
 #include "attend/runtime.hpp"
 #include "attend/safetensors.hpp"
 #include "attend/sdpa.hpp"
+#include "attend/sdpa_backward.hpp"
 #include "attend/tensor.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -329,6 +330,50 @@ AttentionOptions options_for(const std::string& target) {
   options.need_weights = true;
   options.backend = target == "reference" ? Backend::kReference : Backend::kFused;
   return options;
+}
+
+// The backward pass: gradients must not overlap each other, an input, dO, O or the
+// log-sum-exp, and a refused call writes nothing.
+TEST(Hardening, BackwardGradientsOverlappingAreRejectedAndLeftUntouched) {
+  constexpr int64_t kPart = 2 * 4 * 8;  // Q, K, V, dO, O: (2, 4, 8) each
+  std::vector<float> inputs = random_values(6 * kPart, 3);  // ..., log-sum-exp at 5·kPart
+  float* q = inputs.data();
+  const TensorView query(q, Shape({2, 4, 8})), key(q + kPart, Shape({2, 4, 8})),
+      value(q + 2 * kPart, Shape({2, 4, 8})), grad_output(q + 3 * kPart, Shape({2, 4, 8})),
+      output(q + 4 * kPart, Shape({2, 4, 8})), lse(q + 5 * kPart, Shape({2, 4}));
+  std::vector<float> results(3 * kPart, 0.0f);
+  const TensorView dq(results.data(), Shape({2, 4, 8})),
+      dk(results.data() + kPart, Shape({2, 4, 8})),
+      dv(results.data() + 2 * kPart, Shape({2, 4, 8}));
+  const std::vector<float> inputs_before = inputs, results_before = results;
+  const auto expect_rejected = [&](const AttentionGradientViews& views,
+                                   const std::string& fragment) {
+    expect_error_containing(
+        [&] {
+          scaled_dot_product_attention_backward_into(grad_output, query, key, value, output, lse,
+                                                     views);
+        },
+        fragment);
+    EXPECT_EQ(inputs, inputs_before) << fragment;
+    EXPECT_EQ(results, results_before) << fragment;
+  };
+  expect_rejected({dq, dq, dv, {}}, "grad_query overlaps the memory of grad_key");
+  expect_rejected({dq, dk, TensorView(q + 3 * kPart, Shape({2, 4, 8})), {}},
+                  "grad_value overlaps the memory of grad_output");
+  expect_rejected({dq, TensorView(q + 4 * kPart + 8, Shape({2, 4, 8})), dv, {}},
+                  "grad_key overlaps the memory of output");
+  expect_rejected({key, dk, dv, {}}, "grad_query overlaps the memory of key");
+  expect_rejected({dq, dk, dv, dq}, "grad_bias was given but the options have no bias");
+  // Logical shapes far beyond memory through zero strides: the gradients (2^45 floats each)
+  // cannot be allocated, which is an error, not a crash.
+  const TensorView wide_q(q, DType::kFloat32, Shape({int64_t{1} << 40, 4, 8}), Shape({0, 8, 1}));
+  const TensorView wide_lse(q, DType::kFloat32, Shape({int64_t{1} << 40, 4}), Shape({0, 1}));
+  expect_error_containing(
+      [&] {
+        (void)scaled_dot_product_attention_backward(wide_q, wide_q, wide_q, wide_q, wide_q,
+                                                    wide_lse);
+      },
+      "");
 }
 
 TEST(Hardening, NaNOrInfInAQueryRowPoisonsOnlyThatRow) {
