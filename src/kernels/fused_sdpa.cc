@@ -612,16 +612,31 @@ class RowAttention {
     const float* q = tile.query + i * p_.query_strides.row;
     const float* key = tile.key;
     const int64_t ks = p_.key_strides.row;
+    // Each score goes into its lane of a register vector, stored whole when full: a vector
+    // load of bytes written by scalar stores would stall store-to-load forwarding.
+    const hn::RebindToSigned<DF> di;
+    const auto lanes = hn::Iota(di, 0);
+    VF pending = hn::Zero(d);
+    const auto put = [&](int64_t k, float score) {
+      const int64_t lane = k % kLanes;
+      pending =
+          hn::IfThenElse(hn::RebindMask(d, hn::Eq(lanes, hn::Set(di, static_cast<int32_t>(lane)))),
+                         hn::Set(d, score), pending);
+      if (lane == kLanes - 1) hn::Store(pending, d, scores + k - lane);
+    };
     int64_t j = 0;
     for (; j + 4 <= key_end; j += 4) {
+      float dots[4];
       Dot4(q, key + j * ks, key + (j + 1) * ks, key + (j + 2) * ks, key + (j + 3) * ks, p_.head_dim,
-           scores + j);
+           dots);
+      for (int k = 0; k < 4; ++k) put(j + k, dots[k]);
     }
     for (; j < key_end; ++j) {
       float s = 0;
       for (int64_t e = 0; e < p_.head_dim; ++e) s += q[e] * key[j * ks + e];
-      scores[j] = s;
+      put(j, s);
     }
+    if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
     const float* bias = tile.bias ? tile.bias + i * p_.bias_strides.row : nullptr;
     const uint8_t* mask = tile.mask ? tile.mask + i * p_.mask_strides.row : nullptr;
     // Whole vectors, the lanes past key_end set to -inf after scaling (the scale may be
