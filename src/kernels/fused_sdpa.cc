@@ -36,8 +36,8 @@
 #include "dropout.hpp"
 #include "runtime_internal.hpp"
 
-// Exp2, kLog2e and DenormalsAreZero, once per target.
-#include "kernels/exp2-inl.h"
+// Exp2, kLog2e, DenormalsAreZero and ParallelItems, once per target.
+#include "kernels/kernel_common-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -776,69 +776,38 @@ Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
   return tile;
 }
 
-// Runs items [0, items) on p.num_threads threads, each with its own workspace; inline when
-// one thread suffices. Each item is computed by one thread with the same instruction
-// sequence whatever the thread count, so results are bitwise independent of it.
-// A thread is worth waking for about 2^22 multiply-adds (about 20 us on one AVX-512 core):
-// waking one takes microseconds with idle cores and up to a scheduler tick on a loaded
-// machine.
-constexpr double kMultiplyAddsPerThread = 4194304.0;
-
-template <class Workspace_, class Body>
-void ParallelItems(const SdpaParams& p, int64_t items, const Body& body) {
-  const double multiply_adds = static_cast<double>(p.batch) * static_cast<double>(p.query_len) *
-                               static_cast<double>(p.key_len) *
-                               static_cast<double>(p.head_dim + p.value_dim);
-  const auto worth = static_cast<int64_t>(multiply_adds / kMultiplyAddsPerThread) + 1;
-  const int threads = static_cast<int>(std::min({int64_t{p.num_threads}, items, worth}));
-  if (threads <= 1) {
-    DenormalsAreZero denormals_are_zero;
-    Workspace_ ws(p);
-    if (!ws.ok()) throw Error("fused attention: out of memory for the work buffers");
-    for (int64_t item = 0; item < items; ++item) body(ws, item);
-    return;
-  }
-  bool allocation_failed = false;
-#pragma omp parallel num_threads(threads)
-  {
-    DenormalsAreZero denormals_are_zero;
-    Workspace_ ws(p);
-    if (!ws.ok()) {
-#pragma omp atomic write
-      allocation_failed = true;
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      if (ws.ok()) body(ws, item);
-    }
-  }
-  if (allocation_failed) throw Error("fused attention: out of memory for the work buffers");
+// Multiply-adds of one forward call: B·Lq·Lk·(E + Ev).
+double ForwardMultiplyAdds(const SdpaParams& p) {
+  return static_cast<double>(p.batch) * static_cast<double>(p.query_len) *
+         static_cast<double>(p.key_len) * static_cast<double>(p.head_dim + p.value_dim);
 }
 
 void RunAllRows(const SdpaParams& p) {
-  ParallelItems<RowWorkspace>(p, p.batch * p.query_len, [&](RowWorkspace& ws, int64_t item) {
-    // Consecutive items are rows of one batch index: reuse its base pointers (MakeTile
-    // divides per batch dimension).
-    const int64_t b = item / p.query_len;
-    if (b != ws.tile_batch) {
-      ws.tile = MakeTile(p, b, 0, 1);
-      ws.tile_batch = b;
-    }
-    ws.tile.first_query = item - b * p.query_len;
-    RowAttention attention(p, ws);
-    attention.Run(ws.tile);
-  });
+  ParallelItems<RowWorkspace>(p, ForwardMultiplyAdds(p), p.batch * p.query_len,
+                              [&](RowWorkspace& ws, int64_t item) {
+                                // Consecutive items are rows of one batch index: reuse its base
+                                // pointers (MakeTile divides per batch dimension).
+                                const int64_t b = item / p.query_len;
+                                if (b != ws.tile_batch) {
+                                  ws.tile = MakeTile(p, b, 0, 1);
+                                  ws.tile_batch = b;
+                                }
+                                ws.tile.first_query = item - b * p.query_len;
+                                RowAttention attention(p, ws);
+                                attention.Run(ws.tile);
+                              });
 }
 
 template <int QV>
 void RunAllTiles(const SdpaParams& p) {
   constexpr int64_t tq = QV * kLanes;
   const int64_t tiles_per_batch = (p.query_len + tq - 1) / tq;
-  ParallelItems<Workspace>(p, p.batch * tiles_per_batch, [&](Workspace& ws, int64_t item) {
-    const int64_t q0 = (item % tiles_per_batch) * tq;
-    TileAttention<QV> attention(p, ws);
-    attention.Run(MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0)));
-  });
+  ParallelItems<Workspace>(
+      p, ForwardMultiplyAdds(p), p.batch * tiles_per_batch, [&](Workspace& ws, int64_t item) {
+        const int64_t q0 = (item % tiles_per_batch) * tq;
+        TileAttention<QV> attention(p, ws);
+        attention.Run(MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0)));
+      });
 }
 
 // Row kernel while a query tile would be at most half full; else query tiles of as many

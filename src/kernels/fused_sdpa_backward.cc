@@ -36,8 +36,8 @@
 #include "dropout.hpp"
 #include "runtime_internal.hpp"
 
-// Exp2, kLog2e and DenormalsAreZero, once per target.
-#include "kernels/exp2-inl.h"
+// Exp2, kLog2e, DenormalsAreZero and ParallelItems, once per target.
+#include "kernels/kernel_common-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -479,34 +479,19 @@ void FusedSdpaBackward(const SdpaBackwardParams& bp) {
   const double multiply_adds = 2.5 * static_cast<double>(p.batch) *
                                static_cast<double>(p.query_len) * static_cast<double>(p.key_len) *
                                static_cast<double>(p.head_dim + p.value_dim);
-  const int threads = static_cast<int>(std::min<int64_t>(
-      {p.num_threads, items, static_cast<int64_t>(multiply_adds / 4194304.0) + 1}));
-  bool allocation_failed = false;
-#pragma omp parallel num_threads(threads)
-  {
-    DenormalsAreZero denormals_are_zero;
-    BackwardWorkspace ws(p);
-    if (!ws.ok()) {
-#pragma omp atomic write
-      allocation_failed = true;
-    }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      if (!ws.ok()) continue;
-      const int64_t b = item / chunks, c = item % chunks;
-      const int64_t key_begin = std::min(p.key_len, c * tiles_per_chunk * kKeyTile);
-      const int64_t key_end = std::min(p.key_len, (c + 1) * tiles_per_chunk * kKeyTile);
-      float* dq = bp.grad_query + p.batch_offset(bp.grad_query_strides, b);
-      int64_t dq_row = bp.grad_query_strides.row;
-      if (c > 0) {
-        dq = parts.get() + (b * (chunks - 1) + c - 1) * part_size;
-        dq_row = p.head_dim;
-      }
-      BackwardItem(bp, ws).Run(b, key_begin, key_end, dq, dq_row);
-    }
-  }
-  if (allocation_failed)
-    throw Error("fused attention backward: out of memory for the work buffers");
+  ParallelItems<BackwardWorkspace>(
+      p, multiply_adds, items, [&](BackwardWorkspace& ws, int64_t item) {
+        const int64_t b = item / chunks, c = item % chunks;
+        const int64_t key_begin = std::min(p.key_len, c * tiles_per_chunk * kKeyTile);
+        const int64_t key_end = std::min(p.key_len, (c + 1) * tiles_per_chunk * kKeyTile);
+        float* dq = bp.grad_query + p.batch_offset(bp.grad_query_strides, b);
+        int64_t dq_row = bp.grad_query_strides.row;
+        if (c > 0) {
+          dq = parts.get() + (b * (chunks - 1) + c - 1) * part_size;
+          dq_row = p.head_dim;
+        }
+        BackwardItem(bp, ws).Run(b, key_begin, key_end, dq, dq_row);
+      });
   // dQ = scale·(part 0 + part 1 + ...), in chunk order.
   for (int64_t b = 0; b < p.batch; ++b) {
     float* dq = bp.grad_query + p.batch_offset(bp.grad_query_strides, b);

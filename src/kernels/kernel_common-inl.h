@@ -1,13 +1,20 @@
-// exp2-inl.h: 2^x for the attention kernels, kLog2e, and the FTZ/DAZ guard, compiled once
-// per Highway target (include it after foreach_target.h, as Highway's -inl.h headers).
-#if defined(ATTEND_KERNELS_EXP2_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef ATTEND_KERNELS_EXP2_INL_H_
-#undef ATTEND_KERNELS_EXP2_INL_H_
+// kernel_common-inl.h: what the forward and backward attention kernels share, compiled once
+// per Highway target (include it after foreach_target.h, as Highway's -inl.h headers): 2^x,
+// kLog2e, the FTZ/DAZ guard and the parallel loop over work items.
+#if defined(ATTEND_KERNELS_KERNEL_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTEND_KERNELS_KERNEL_COMMON_INL_H_
+#undef ATTEND_KERNELS_KERNEL_COMMON_INL_H_
 #else
-#define ATTEND_KERNELS_EXP2_INL_H_
+#define ATTEND_KERNELS_KERNEL_COMMON_INL_H_
 #endif
 
 #include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "attend/error.hpp"
+#include "sdpa_params.hpp"
 
 #if HWY_ARCH_X86
 #include <xmmintrin.h>  // MXCSR: flush-to-zero and denormals-are-zero
@@ -80,8 +87,44 @@ class DenormalsAreZero {
 #endif
 };
 
+// Runs body(workspace, item) for items [0, items) on up to p.num_threads threads, each with
+// its own Workspace_(p) (null buffers when out of memory: ok() false), under FTZ/DAZ; inline
+// when one thread suffices for `multiply_adds`. Each item is computed by one thread with the same
+// instruction sequence whatever the thread count, so results are bitwise independent of it. A
+// thread is worth waking for about 2^22 multiply-adds (about 20 us on one AVX-512 core): waking one
+// takes microseconds with idle cores and up to a scheduler tick on a loaded machine.
+constexpr double kMultiplyAddsPerThread = 4194304.0;
+
+template <class Workspace_, class Body>
+void ParallelItems(const SdpaParams& p, double multiply_adds, int64_t items, const Body& body) {
+  const auto worth = static_cast<int64_t>(multiply_adds / kMultiplyAddsPerThread) + 1;
+  const int threads = static_cast<int>(std::min({int64_t{p.num_threads}, items, worth}));
+  if (threads <= 1) {
+    DenormalsAreZero denormals_are_zero;
+    Workspace_ ws(p);
+    if (!ws.ok()) throw Error("fused attention: out of memory for the work buffers");
+    for (int64_t item = 0; item < items; ++item) body(ws, item);
+    return;
+  }
+  bool allocation_failed = false;
+#pragma omp parallel num_threads(threads)
+  {
+    DenormalsAreZero denormals_are_zero;
+    Workspace_ ws(p);
+    if (!ws.ok()) {
+#pragma omp atomic write
+      allocation_failed = true;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      if (ws.ok()) body(ws, item);
+    }
+  }
+  if (allocation_failed) throw Error("fused attention: out of memory for the work buffers");
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace attend::detail
 HWY_AFTER_NAMESPACE();
 
-#endif  // ATTEND_KERNELS_EXP2_INL_H_
+#endif  // ATTEND_KERNELS_KERNEL_COMMON_INL_H_
