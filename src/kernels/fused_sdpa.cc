@@ -44,10 +44,6 @@ namespace attend::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using DF = hn::ScalableTag<float>;
-using VF = hn::Vec<DF>;
-constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
-
 // Key tile: 128 keys. The score tile (128 × Tq floats, 32 KiB at Tq = 64) stays in L1 while
 // it is exponentiated and multiplied by V; measured 64–256 within 2% on Zen 5.
 constexpr int64_t kKeyTile = 128;

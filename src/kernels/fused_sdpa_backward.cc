@@ -44,7 +44,6 @@ namespace attend::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
 // Query tile: up to 4 vectors (64 queries on AVX-512), as many as the queries fill, as the
 // forward. Key tile: 64 keys, so that the dK and dV accumulators (64 × E floats each, 32 KiB
 // at E = 128) stay in L1/L2 while every query tile passes.

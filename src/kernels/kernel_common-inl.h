@@ -27,6 +27,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
+constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
 
 constexpr float kLog2e = 1.4426950408889634f;
 
