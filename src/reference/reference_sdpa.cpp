@@ -9,6 +9,41 @@
 
 namespace attend::detail {
 
+ReferenceRow reference_row_weights(const SdpaParams& p, int64_t b, int64_t i, double* weights,
+                                   char* excluded) {
+  const float* q = p.query + p.batch_offset(p.query_strides, b) + i * p.query_strides.row;
+  const float* k = p.key + p.batch_offset(p.key_strides, b);
+  // 1. scores = Q·Kᵀ · scale + bias, then masked_fill(excluded, -1e9).
+  ReferenceRow row;
+  for (int64_t j = 0; j < p.key_len; ++j) {
+    const float* kj = k + j * p.key_strides.row;
+    double dot = 0;
+    for (int64_t e = 0; e < p.head_dim; ++e) dot += double{q[e]} * double{kj[e]};
+    double s = dot * double{p.scale};
+    if (p.bias) {
+      s += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
+                  j * p.bias_strides.column];
+    }
+    bool out = p.causal && j > p.causal_last_key(i);
+    if (p.mask && p.mask[p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row +
+                         j * p.mask_strides.column] == 0) {
+      out = true;
+    }
+    if (excluded) excluded[j] = out;
+    row.any_visible |= !out;
+    weights[j] = out ? double{kExcludedScore} : s;
+  }
+  // 2. weights = softmax(scores); the zero option empties fully excluded rows.
+  const bool zero_row = !row.any_visible && p.zero_fully_masked_rows;
+  for (int64_t j = 0; j < p.key_len; ++j) row.max_score = std::max(row.max_score, weights[j]);
+  for (int64_t j = 0; j < p.key_len; ++j) {
+    weights[j] = std::exp(weights[j] - row.max_score);
+    row.sum += weights[j];
+  }
+  for (int64_t j = 0; j < p.key_len; ++j) weights[j] = zero_row ? 0.0 : weights[j] / row.sum;
+  return row;
+}
+
 void reference_sdpa(const SdpaParams& params) {
   const SdpaParams& p = params;
   const int64_t rows = p.batch * p.query_len;
@@ -22,44 +57,14 @@ void reference_sdpa(const SdpaParams& params) {
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t b = row / p.query_len, i = row % p.query_len;
-      const float* q = p.query + p.batch_offset(p.query_strides, b) + i * p.query_strides.row;
-      const float* k = p.key + p.batch_offset(p.key_strides, b);
       const float* v = p.value + p.batch_offset(p.value_strides, b);
 
-      // 1. scores = Q·Kᵀ · scale + bias, then masked_fill(excluded, -1e9).
-      bool any_visible = false;
-      for (int64_t j = 0; j < p.key_len; ++j) {
-        const float* kj = k + j * p.key_strides.row;
-        double dot = 0;
-        for (int64_t e = 0; e < p.head_dim; ++e) dot += double{q[e]} * double{kj[e]};
-        double s = dot * double{p.scale};
-        if (p.bias) {
-          s += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
-                      j * p.bias_strides.column];
-        }
-        bool excluded = p.causal && j > p.causal_last_key(i);
-        if (p.mask && p.mask[p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row +
-                             j * p.mask_strides.column] == 0) {
-          excluded = true;
-        }
-        if (excluded) s = double{kExcludedScore};
-        any_visible |= !excluded;
-        scores[static_cast<size_t>(j)] = s;
-      }
-
-      // 2. weights = softmax(scores); the zero option empties fully excluded rows.
-      const bool zero_row = !any_visible && p.zero_fully_masked_rows;
-      double max_score = -INFINITY;
-      for (double s : scores) max_score = std::max(max_score, s);
-      double sum = 0;
-      for (double& s : scores) {
-        s = std::exp(s - max_score);
-        sum += s;
-      }
-      for (double& s : scores) s = zero_row ? 0.0 : s / sum;
+      // 1.–2. scores, masked_fill(excluded, -1e9), weights = softmax(scores).
+      const ReferenceRow softmax = reference_row_weights(p, b, i, scores.data(), nullptr);
       if (p.logsumexp) {
+        const bool zero_row = !softmax.any_visible && p.zero_fully_masked_rows;
         p.logsumexp[p.batch_offset(p.logsumexp_strides, b) + i * p.logsumexp_strides.row] =
-            zero_row ? -INFINITY : static_cast<float>(max_score + std::log(sum));
+            zero_row ? -INFINITY : static_cast<float>(softmax.max_score + std::log(softmax.sum));
       }
 
       // 3. dropout on the weights.

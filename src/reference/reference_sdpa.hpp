@@ -1,6 +1,9 @@
 // reference_sdpa.hpp: the listing, literally. The test oracle and the benchmarks' baseline.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
+
 #include "sdpa_params.hpp"
 
 namespace attend::detail {
@@ -13,5 +16,16 @@ namespace attend::detail {
 //   o   = Σ_j w_j v_j
 // Rows with every key excluded give uniform weights, or zeros with zero_fully_masked_rows.
 void reference_sdpa(const SdpaParams& params);
+
+// Steps 1–2 for row i of batch index b, in float64: weights[j] (Lk entries) = softmax of the
+// listing's scores, and excluded[j] (when not null) whether key j was masked or causally
+// excluded. Shared by the forward and backward references.
+struct ReferenceRow {
+  bool any_visible = false;
+  double max_score = -INFINITY;  // of the scores after masked_fill
+  double sum = 0;                // Σ_j exp(score_j − max_score)
+};
+ReferenceRow reference_row_weights(const SdpaParams& p, int64_t b, int64_t i, double* weights,
+                                   char* excluded);
 
 }  // namespace attend::detail

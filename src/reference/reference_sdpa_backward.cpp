@@ -4,11 +4,10 @@
 #include "reference/reference_sdpa_backward.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
-#include "attend/sdpa.hpp"
 #include "dropout.hpp"
+#include "reference/reference_sdpa.hpp"
 
 namespace attend::detail {
 
@@ -27,40 +26,16 @@ void reference_sdpa_backward(const SdpaBackwardParams& params) {
     const float* v = p.value + p.batch_offset(p.value_strides, b);
     const float* grad_out = params.grad_output + p.batch_offset(params.grad_output_strides, b);
     std::vector<double> grad_key(lk * e_dim, 0.0), grad_value(lk * ev_dim, 0.0);
-    std::vector<double> score(lk), weight(lk), kept(lk), grad_kept(lk), grad_score(lk);
+    std::vector<double> weight(lk), kept(lk), grad_kept(lk), grad_score(lk);
     std::vector<char> excluded(lk);
     std::vector<double> grad_query(e_dim);
 
     for (int64_t i = 0; i < p.query_len; ++i) {
       const float* qi = q + i * p.query_strides.row;
       const float* doi = grad_out + i * params.grad_output_strides.row;
-      // Forward: scores, masked_fill, softmax, dropout.
-      bool any_visible = false;
+      // Forward: scores, masked_fill, softmax (shared with the forward reference), dropout.
+      reference_row_weights(p, b, i, weight.data(), excluded.data());
       for (size_t j = 0; j < lk; ++j) {
-        const float* kj = k + static_cast<int64_t>(j) * p.key_strides.row;
-        double dot = 0;
-        for (size_t e = 0; e < e_dim; ++e) dot += double{qi[e]} * double{kj[e]};
-        double s = dot * double{p.scale};
-        const auto jj = static_cast<int64_t>(j);
-        if (p.bias) {
-          s += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
-                      jj * p.bias_strides.column];
-        }
-        bool out = p.causal && jj > p.causal_last_key(i);
-        if (p.mask && p.mask[p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row +
-                             jj * p.mask_strides.column] == 0) {
-          out = true;
-        }
-        excluded[j] = out;
-        any_visible |= !out;
-        score[j] = out ? double{kExcludedScore} : s;
-      }
-      const bool zero_row = !any_visible && p.zero_fully_masked_rows;
-      const double max_score = *std::max_element(score.begin(), score.end());
-      double sum = 0;
-      for (size_t j = 0; j < lk; ++j) sum += weight[j] = std::exp(score[j] - max_score);
-      for (size_t j = 0; j < lk; ++j) {
-        weight[j] = zero_row ? 0.0 : weight[j] / sum;
         const bool keep =
             p.dropout == 0 || dropout_keep(p.seed, threshold, b, i, static_cast<int64_t>(j));
         kept[j] = keep ? weight[j] * keep_scale : 0.0;
