@@ -63,16 +63,29 @@ struct SdpaParams {
   uint64_t seed = 0;
   int num_threads = 1;  // ≥ 1, already resolved
 
-  // Offset (elements) of batch index b in an operand with the given strides.
-  int64_t batch_offset(const OperandStrides& strides, int64_t b) const {
-    int64_t offset = 0;
+  // Batch index b as coordinates over batch_shape: one division per batch dimension of
+  // size > 1, however many operands then take their offsets from it.
+  struct BatchCoordinates {
+    int64_t index[kMaxBatchRank] = {};
+    // Offset (elements) of these coordinates in an operand with the given strides.
+    int64_t offset(const OperandStrides& strides) const {
+      int64_t offset = 0;
+      for (int d = 0; d < kMaxBatchRank; ++d) offset += index[d] * strides.batch[d];
+      return offset;
+    }
+  };
+  BatchCoordinates batch_coordinates(int64_t b) const {
+    BatchCoordinates c;
     for (int d = kMaxBatchRank - 1; d >= 0; --d) {
       if (batch_shape[d] == 1) continue;  // most batch dimensions: no division
-      const int64_t index = b % batch_shape[d];
+      c.index[d] = b % batch_shape[d];
       b /= batch_shape[d];
-      offset += index * strides.batch[d];
     }
-    return offset;
+    return c;
+  }
+  // Offset (elements) of batch index b in an operand with the given strides.
+  int64_t batch_offset(const OperandStrides& strides, int64_t b) const {
+    return batch_coordinates(b).offset(strides);
   }
   // Last key index query i may see under causality (inclusive); may be negative.
   int64_t causal_last_key(int64_t query_index) const { return query_index + (key_len - query_len); }

@@ -50,16 +50,15 @@ constexpr int64_t kKeyTile = 128;
 // At most 4 query vectors per tile (64 queries on AVX-512): enough rows to amortize each
 // K and V broadcast over 4 FMAs.
 constexpr int kMaxQueryVectors = 4;
-// Register blocks: the query vectors of a tile (up to 4) × kScoreKeys keys of score
+// Register blocks: the query vectors of a tile (QV, up to 4) × kScoreKeys keys of score
 // accumulators, and the same query vectors × kValueColumns value columns of output
-// accumulators. 32-register targets: 4×6 = 24 accumulators each, 4 + 6 loads per 24 FMAs.
-// 16-register targets: 4×2, leaving room for the operands.
+// accumulators, kAccumulators in all. 32-register targets: 24 (4×6: 4 + 6 loads per 24
+// FMAs; 2×12 for tiles of 2 vectors, measured 17 % faster than 2×6 at Lq = 32, E = 64).
+// 16-register targets: 8, leaving room for the operands.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-constexpr int kScoreKeys = 6;
-constexpr int kValueColumns = 6;
+constexpr int kAccumulators = 24;
 #else
-constexpr int kScoreKeys = 2;
-constexpr int kValueColumns = 2;
+constexpr int kAccumulators = 8;
 #endif
 
 // Natural log-sum-exp of a row from its log2-domain maximum m and its sum l = Σ 2^(s − m).
@@ -178,6 +177,10 @@ template <int QV>
 class TileAttention {
  public:
   static constexpr int64_t kTq = QV * kLanes;
+  // kAccumulators per register block whatever the tile height; at one query vector, 8
+  // keys or columns (as many as FMA latency × ports): more would need a load per FMA.
+  static constexpr int kScoreKeys = QV == 1 ? std::min(8, kAccumulators) : kAccumulators / QV;
+  static constexpr int kValueColumns = kScoreKeys;
 
   TileAttention(const SdpaParams& p, Workspace& ws) : p_(p), ws_(ws) {}
 
@@ -248,6 +251,12 @@ class TileAttention {
     for (; j + kScoreKeys <= keys; j += kScoreKeys) {
       ScoreBlock<QV, kScoreKeys>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
                                  score_t + j * kTq);
+    }
+    if constexpr (kScoreKeys > 4) {
+      for (; j + 4 <= keys; j += 4) {
+        ScoreBlock<QV, 4>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
+                          score_t + j * kTq);
+      }
     }
     for (; j < keys; ++j) {
       ScoreBlock<QV, 1>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
@@ -432,6 +441,11 @@ class TileAttention {
       ValueBlock<QV, QV, kValueColumns>(score_t, value + c, value_stride, keys, alpha, 0,
                                         out_t + c * kTq);
     }
+    if constexpr (kValueColumns > 4) {
+      for (; c + 4 <= p_.value_dim; c += 4) {
+        ValueBlock<QV, QV, 4>(score_t, value + c, value_stride, keys, alpha, 0, out_t + c * kTq);
+      }
+    }
     for (; c + 2 <= p_.value_dim; c += 2) {
       ValueBlock<QV, QV, 2>(score_t, value + c, value_stride, keys, alpha, 0, out_t + c * kTq);
     }
@@ -487,39 +501,53 @@ class TileAttention {
 
 // ---------------------------------------------------------------------------------------
 // Few queries (decoding, short phrases): a query tile would leave most lanes empty, so the
-// lanes run along E and Ev instead, one query row at a time.
+// lanes run along E and Ev instead. A work item is a group of up to kRowGroup consecutive
+// query rows of one batch index; each phase runs over the group's rows, whose independent
+// dependency chains (horizontal sums, max, exp, divisions) then overlap, and the rows share
+// each load of K and V.
 //
 // Per row i:  s_j = (q_i·k_j)·scale·log2 e (+ bias), excluded → -1e9·log2 e, for the
-// visible keys j < key_end (one row of Lk scores, per thread);  m = max_j s_j;
-// p_j = 2^(s_j − m);  l = Σ p_j;  output = Σ_j p_j·keep_j·v_j / l / (1 − p).
+// visible keys j < key_end_i;  m = max_j s_j;  p_j = 2^(s_j − m);  l = Σ p_j;
+// output = Σ_j p_j·keep_j·v_j / l / (1 − p). The group's score rows all run to the largest
+// key_end of the group (rounded up to whole vectors); lanes past a row's own key_end hold
+// -inf, so their probabilities are exactly 0.
+
+// Rows per group: their score accumulators (4 per row) and the shared K vectors must fit
+// in the register file (32 registers on AVX-512, 16 below).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kRowGroup = 4;
+#else
+constexpr int kRowGroup = 2;
+#endif
 
 // Row buffers live in the workspace object itself up to these sizes (short phrases: no
 // allocation per call), on the heap beyond.
 constexpr int64_t kInlineKeys = 256;
-constexpr int64_t kInlineValueDim = 512;
+constexpr int64_t kInlineValueDim = 256;
 
 struct RowWorkspace {
-  float* scores;            // [Lk rounded up to lanes]
-  float* out;               // [Ev rounded up to lanes]
+  float* scores;  // [kRowGroup][score_stride]: Lk rounded up to lanes
+  float* out;     // [kRowGroup][out_stride]:   Ev rounded up to lanes
+  int64_t score_stride;
+  int64_t out_stride;
   int64_t tile_batch = -1;  // batch index whose pointers `tile` holds
   Tile tile{};
 
   explicit RowWorkspace(const SdpaParams& p) {
     const auto lanes = static_cast<size_t>(kLanes);
-    const size_t score_count = hwy::RoundUpTo(static_cast<size_t>(p.key_len), lanes);
-    const size_t out_count =
-        hwy::RoundUpTo(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1)), lanes);
-    if (score_count <= kInlineKeys) {
+    score_stride = static_cast<int64_t>(hwy::RoundUpTo(static_cast<size_t>(p.key_len), lanes));
+    out_stride = static_cast<int64_t>(
+        hwy::RoundUpTo(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1)), lanes));
+    if (score_stride <= kInlineKeys) {
       scores = inline_scores_;
     } else {
-      heap_scores_ = hwy::AllocateAligned<float>(score_count);
+      heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * score_stride));
       scores = heap_scores_.get();
-      if (scores) std::fill_n(scores, score_count, 0.0f);
     }
-    if (out_count <= kInlineValueDim) {
+    if (out_stride <= kInlineValueDim) {
       out = inline_out_;
     } else {
-      heap_out_ = hwy::AllocateAligned<float>(out_count);
+      heap_out_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * out_stride));
       out = heap_out_.get();
     }
   }
@@ -528,9 +556,8 @@ struct RowWorkspace {
   bool ok() const { return scores != nullptr && out != nullptr; }
 
  private:
-  // Zeroed: the score pass reads whole vectors past the keys (and masks those lanes).
-  alignas(64) float inline_scores_[kInlineKeys] = {};
-  alignas(64) float inline_out_[kInlineValueDim];
+  alignas(64) float inline_scores_[kRowGroup * kInlineKeys];
+  alignas(64) float inline_out_[kRowGroup * kInlineValueDim];
   hwy::AlignedFreeUniquePtr<float[]> heap_scores_;
   hwy::AlignedFreeUniquePtr<float[]> heap_out_;
 };
@@ -559,177 +586,340 @@ HWY_INLINE void Dot4(const float* HWY_RESTRICT a, const float* b0, const float* 
   out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
 
-// out[c] = alpha·out[c] + Σ_j prob[j]·V[j][c] over Ev columns (lanes along c, scalar tail).
-HWY_INLINE void AccumulateRow(const float* HWY_RESTRICT prob, const float* value,
-                              int64_t value_stride, int64_t keys, int64_t value_dim,
-                              float* HWY_RESTRICT out) {
+// x86 targets with whole 128-bit blocks (SSE4: 1, AVX2: 2, AVX3: 4 blocks of 4 lanes).
+#undef ATTEND_DOT_QUAD
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
+#define ATTEND_DOT_QUAD 1
+// [Σ acc0, Σ acc1, Σ acc2, Σ acc3] in lanes 0..3 of every 128-bit block: the accumulators
+// are transposed and added in registers (two interleave levels within blocks, then a sum
+// across blocks) instead of four horizontal sums that each end in a scalar.
+HWY_INLINE VF QuadSums(VF acc0, VF acc1, VF acc2, VF acc3) {
+  const DF d;
+  // Per block: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, d.
+  const VF ab = hn::Add(hn::InterleaveLower(d, acc0, acc1), hn::InterleaveUpper(d, acc0, acc1));
+  const VF cd = hn::Add(hn::InterleaveLower(d, acc2, acc3), hn::InterleaveUpper(d, acc2, acc3));
+  // Per block: [Σa, Σb, Σc, Σd] of the block's lanes.
+  const hn::Repartition<double, DF> d64;
+  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
+  VF quad = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, cd64)),
+                    hn::BitCast(d, hn::InterleaveUpper(d64, ab64, cd64)));
+#if HWY_TARGET <= HWY_AVX3
+  quad = hn::Add(quad, VF{_mm512_shuffle_f32x4(quad.raw, quad.raw, _MM_SHUFFLE(1, 0, 3, 2))});
+  quad = hn::Add(quad, VF{_mm512_shuffle_f32x4(quad.raw, quad.raw, _MM_SHUFFLE(2, 3, 0, 1))});
+#elif HWY_TARGET == HWY_AVX2
+  quad = hn::Add(quad, VF{_mm256_permute2f128_ps(quad.raw, quad.raw, 1)});
+#endif
+  return quad;
+}
+
+// Scores of keys [0, key_end) for G rows, four keys at a time (E a multiple of kLanes):
+// scores[r][j] = q_r·k_j, stored as whole vectors; lanes past key_end are left unset in the
+// last vector (the caller pads them). Each K vector is loaded once for the G rows.
+template <int G>
+HWY_INLINE void QuadScores(const float* const* query, const float* key, int64_t key_stride,
+                           int64_t head_dim, int64_t key_end, float* scores, int64_t score_stride) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const auto lanes = hn::Iota(di, 0);
+  VF pending[G];
+  for (int r = 0; r < G; ++r) pending[r] = hn::Zero(d);
+  int64_t j = 0;
+  for (; j + 4 <= key_end; j += 4) {
+    const float* k0 = key + j * key_stride;
+    VF acc[G][4];
+    for (int r = 0; r < G; ++r) {
+      for (int c = 0; c < 4; ++c) acc[r][c] = hn::Zero(d);
+    }
+    for (int64_t e = 0; e < head_dim; e += kLanes) {
+      VF k[4];
+      for (int c = 0; c < 4; ++c) k[c] = hn::LoadU(d, k0 + c * key_stride + e);
+      for (int r = 0; r < G; ++r) {
+        const VF q = hn::LoadU(d, query[r] + e);
+        for (int c = 0; c < 4; ++c) acc[r][c] = hn::MulAdd(q, k[c], acc[r][c]);
+      }
+    }
+    const int64_t first_lane = j % kLanes;
+    const auto in_quad = hn::RebindMask(
+        d, hn::And(hn::Gt(lanes, hn::Set(di, static_cast<int32_t>(first_lane - 1))),
+                   hn::Lt(lanes, hn::Set(di, static_cast<int32_t>(first_lane + 4)))));
+    for (int r = 0; r < G; ++r) {
+      const VF quad = QuadSums(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      pending[r] = hn::IfThenElse(in_quad, quad, pending[r]);
+      if (first_lane + 4 == kLanes) {
+        hn::Store(pending[r], d, scores + r * score_stride + j + 4 - kLanes);
+      }
+    }
+  }
+  // The last 1–3 keys: dot products put into their lanes one by one.
+  for (; j < key_end; ++j) {
+    const int64_t lane = j % kLanes;
+    const auto at_lane = hn::RebindMask(d, hn::Eq(lanes, hn::Set(di, static_cast<int32_t>(lane))));
+    for (int r = 0; r < G; ++r) {
+      VF acc = hn::Zero(d);
+      for (int64_t e = 0; e < head_dim; e += kLanes) {
+        acc = hn::MulAdd(hn::LoadU(d, query[r] + e), hn::LoadU(d, key + j * key_stride + e), acc);
+      }
+      pending[r] = hn::IfThenElse(at_lane, hn::SumOfLanes(d, acc), pending[r]);
+      if (lane == kLanes - 1) hn::Store(pending[r], d, scores + r * score_stride + j + 1 - kLanes);
+    }
+  }
+  if (key_end % kLanes != 0) {
+    for (int r = 0; r < G; ++r) {
+      hn::Store(pending[r], d, scores + r * score_stride + key_end - key_end % kLanes);
+    }
+  }
+}
+#else
+#define ATTEND_DOT_QUAD 0
+#endif
+
+// Scores of keys [0, key_end) for one row with any E: Dot4 and a scalar tail, each score
+// put into its lane of a register vector that is stored whole (a vector load of bytes
+// written by scalar stores would stall store-to-load forwarding).
+HWY_INLINE void RowScores(const float* query, const float* key, int64_t key_stride,
+                          int64_t head_dim, int64_t key_end, float* scores) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const auto lanes = hn::Iota(di, 0);
+  VF pending = hn::Zero(d);
+  const auto put = [&](int64_t k, float score) {
+    const int64_t lane = k % kLanes;
+    pending =
+        hn::IfThenElse(hn::RebindMask(d, hn::Eq(lanes, hn::Set(di, static_cast<int32_t>(lane)))),
+                       hn::Set(d, score), pending);
+    if (lane == kLanes - 1) hn::Store(pending, d, scores + k - lane);
+  };
+  int64_t j = 0;
+  for (; j + 4 <= key_end; j += 4) {
+    float dots[4];
+    Dot4(query, key + j * key_stride, key + (j + 1) * key_stride, key + (j + 2) * key_stride,
+         key + (j + 3) * key_stride, head_dim, dots);
+    for (int k = 0; k < 4; ++k) put(j + k, dots[k]);
+  }
+  for (; j < key_end; ++j) {
+    float s = 0;
+    for (int64_t e = 0; e < head_dim; ++e) s += query[e] * key[j * key_stride + e];
+    put(j, s);
+  }
+  if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
+}
+
+// out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows and the vector columns c < columns (a
+// multiple of kLanes), starting from zero when `first`; when `last`, stores
+// out_r·factor_r into dest_r instead of out_r. Each V vector is loaded once for the G rows.
+template <int G>
+HWY_INLINE void AccumulateRows(const float* const* prob, const float* value, int64_t value_stride,
+                               int64_t keys, int64_t columns, bool first, bool last,
+                               const float* factor, float* const* out, float* const* dest) {
   const DF d;
   int64_t c = 0;
-  for (; c + 2 * kLanes <= value_dim; c += 2 * kLanes) {
-    VF acc0 = hn::Load(d, out + c), acc1 = hn::Load(d, out + c + kLanes);
+  for (; c + 2 * kLanes <= columns; c += 2 * kLanes) {
+    VF acc0[G], acc1[G];
+    for (int r = 0; r < G; ++r) {
+      acc0[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
+      acc1[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c + kLanes);
+    }
     for (int64_t j = 0; j < keys; ++j) {
-      const VF pj = hn::Set(d, prob[j]);
       const float* v = value + j * value_stride + c;
-      acc0 = hn::MulAdd(pj, hn::LoadU(d, v), acc0);
-      acc1 = hn::MulAdd(pj, hn::LoadU(d, v + kLanes), acc1);
+      const VF v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + kLanes);
+      for (int r = 0; r < G; ++r) {
+        const VF pj = hn::Set(d, prob[r][j]);
+        acc0[r] = hn::MulAdd(pj, v0, acc0[r]);
+        acc1[r] = hn::MulAdd(pj, v1, acc1[r]);
+      }
     }
-    hn::Store(acc0, d, out + c);
-    hn::Store(acc1, d, out + c + kLanes);
+    for (int r = 0; r < G; ++r) {
+      if (last) {
+        const VF f = hn::Set(d, factor[r]);
+        hn::StoreU(hn::Mul(acc0[r], f), d, dest[r] + c);
+        hn::StoreU(hn::Mul(acc1[r], f), d, dest[r] + c + kLanes);
+      } else {
+        hn::Store(acc0[r], d, out[r] + c);
+        hn::Store(acc1[r], d, out[r] + c + kLanes);
+      }
+    }
   }
-  for (; c + kLanes <= value_dim; c += kLanes) {
-    VF acc = hn::Load(d, out + c);
+  for (; c < columns; c += kLanes) {
+    VF acc[G];
+    for (int r = 0; r < G; ++r) acc[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
     for (int64_t j = 0; j < keys; ++j) {
-      acc = hn::MulAdd(hn::Set(d, prob[j]), hn::LoadU(d, value + j * value_stride + c), acc);
+      const VF v = hn::LoadU(d, value + j * value_stride + c);
+      for (int r = 0; r < G; ++r) acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
     }
-    hn::Store(acc, d, out + c);
-  }
-  for (; c < value_dim; ++c) {
-    float acc = out[c];
-    for (int64_t j = 0; j < keys; ++j) acc += prob[j] * value[j * value_stride + c];
-    out[c] = acc;
+    for (int r = 0; r < G; ++r) {
+      if (last) {
+        hn::StoreU(hn::Mul(acc[r], hn::Set(d, factor[r])), d, dest[r] + c);
+      } else {
+        hn::Store(acc[r], d, out[r] + c);
+      }
+    }
   }
 }
 
-class RowAttention {
+template <int G>
+class RowGroupAttention {
  public:
-  RowAttention(const SdpaParams& p, RowWorkspace& ws) : p_(p), ws_(ws) {}
+  RowGroupAttention(const SdpaParams& p, RowWorkspace& ws) : p_(p), ws_(ws) {}
 
-  // Query row `query` of batch `b`; pointers are the batch's base pointers (as in Tile).
+  // Query rows first_query .. first_query + G − 1 of the tile's batch index.
   void Run(const Tile& tile) {
     const DF d;
-    const int64_t i = tile.first_query;
-    const int64_t key_end =
-        p_.causal ? std::clamp<int64_t>(p_.causal_last_key(i) + 1, 0, p_.key_len) : p_.key_len;
-    float* scores = ws_.scores;
-    bool visible = false;
-
-    // 1. Scores of the causally visible keys, bias, mask.
-    const float factor = p_.scale * kLog2e;
-    const float* q = tile.query + i * p_.query_strides.row;
-    const float* key = tile.key;
-    const int64_t ks = p_.key_strides.row;
-    // Each score goes into its lane of a register vector, stored whole when full: a vector
-    // load of bytes written by scalar stores would stall store-to-load forwarding.
-    const hn::RebindToSigned<DF> di;
-    const auto lanes = hn::Iota(di, 0);
-    VF pending = hn::Zero(d);
-    const auto put = [&](int64_t k, float score) {
-      const int64_t lane = k % kLanes;
-      pending =
-          hn::IfThenElse(hn::RebindMask(d, hn::Eq(lanes, hn::Set(di, static_cast<int32_t>(lane)))),
-                         hn::Set(d, score), pending);
-      if (lane == kLanes - 1) hn::Store(pending, d, scores + k - lane);
-    };
-    int64_t j = 0;
-    for (; j + 4 <= key_end; j += 4) {
-      float dots[4];
-      Dot4(q, key + j * ks, key + (j + 1) * ks, key + (j + 2) * ks, key + (j + 3) * ks, p_.head_dim,
-           dots);
-      for (int k = 0; k < 4; ++k) put(j + k, dots[k]);
+    const int64_t q0 = tile.first_query;
+    int64_t group_key_end = 0;
+    for (int r = 0; r < G; ++r) {
+      key_end_[r] = p_.causal ? std::clamp<int64_t>(p_.causal_last_key(q0 + r) + 1, 0, p_.key_len)
+                              : p_.key_len;
+      group_key_end = std::max(group_key_end, key_end_[r]);
+      scores_[r] = ws_.scores + r * ws_.score_stride;
+      query_[r] = tile.query + (q0 + r) * p_.query_strides.row;
     }
-    for (; j < key_end; ++j) {
-      float s = 0;
-      for (int64_t e = 0; e < p_.head_dim; ++e) s += q[e] * key[j * ks + e];
-      put(j, s);
-    }
-    if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
-    const float* bias = tile.bias ? tile.bias + i * p_.bias_strides.row : nullptr;
-    const uint8_t* mask = tile.mask ? tile.mask + i * p_.mask_strides.row : nullptr;
-    // Whole vectors, the lanes past key_end set to -inf after scaling (the scale may be
-    // negative): 2^(-inf) = 0 leaves the sum alone. One pass, vector stores only: scalar
-    // fills followed by a vector load of the same bytes stall store-to-load forwarding.
     const int64_t padded_end = static_cast<int64_t>(
-        hwy::RoundUpTo(static_cast<size_t>(key_end), static_cast<size_t>(kLanes)));
+        hwy::RoundUpTo(static_cast<size_t>(group_key_end), static_cast<size_t>(kLanes)));
+
+    // 1. Dot products of the keys before the group's last visible key.
+    ComputeDots(tile, group_key_end);
+
+    // 2. Scale, bias, exclusions; lanes past each row's key_end become -inf after scaling
+    // (the scale may be negative), so 2^(-inf) = 0 leaves sums and outputs alone.
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    VF max_v = neg_inf;
-    if (bias == nullptr && mask == nullptr) {
-      const VF factor_v = hn::Set(d, factor);
-      for (j = 0; j < padded_end; j += kLanes) {
-        VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
-        if (j + kLanes > key_end) {
-          s = hn::IfThenElse(hn::FirstN(d, static_cast<size_t>(key_end - j)), s, neg_inf);
+    const float factor = p_.scale * kLog2e;
+    VF max_v[G];
+    for (int r = 0; r < G; ++r) {
+      float* scores = scores_[r];
+      max_v[r] = neg_inf;
+      const float* bias = tile.bias ? tile.bias + (q0 + r) * p_.bias_strides.row : nullptr;
+      const uint8_t* mask = tile.mask ? tile.mask + (q0 + r) * p_.mask_strides.row : nullptr;
+      if (bias == nullptr && mask == nullptr) {
+        const VF factor_v = hn::Set(d, factor);
+        for (int64_t j = 0; j < padded_end; j += kLanes) {
+          VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
+          if (j + kLanes > key_end_[r]) {
+            s = hn::IfThenElse(
+                hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(key_end_[r] - j, 0))), s,
+                neg_inf);
+          }
+          hn::Store(s, d, scores + j);
+          max_v[r] = hn::Max(max_v[r], s);
         }
-        hn::Store(s, d, scores + j);
-        max_v = hn::Max(max_v, s);
-      }
-      visible = key_end > 0;
-    } else {
-      std::fill(scores + key_end, scores + padded_end, -std::numeric_limits<float>::infinity());
-      constexpr float kExcluded = kExcludedScore * kLog2e;
-      for (j = 0; j < key_end; ++j) {
-        float s = scores[j] * factor;
-        if (bias) s += bias[j * p_.bias_strides.column] * kLog2e;
-        if (mask && mask[j * p_.mask_strides.column] == 0) {
-          s = kExcluded;
-        } else {
-          visible = true;
+        visible_[r] = key_end_[r] > 0;
+      } else {
+        std::fill(scores + key_end_[r], scores + padded_end,
+                  -std::numeric_limits<float>::infinity());
+        constexpr float kExcluded = kExcludedScore * kLog2e;
+        visible_[r] = false;
+        for (int64_t j = 0; j < key_end_[r]; ++j) {
+          float s = scores[j] * factor;
+          if (bias) s += bias[j * p_.bias_strides.column] * kLog2e;
+          if (mask && mask[j * p_.mask_strides.column] == 0) {
+            s = kExcluded;
+          } else {
+            visible_[r] = true;
+          }
+          scores[j] = s;
         }
-        scores[j] = s;
+        for (int64_t j = 0; j < padded_end; j += kLanes) {
+          max_v[r] = hn::Max(max_v[r], hn::Load(d, scores + j));
+        }
       }
-      for (j = 0; j < padded_end; j += kLanes) max_v = hn::Max(max_v, hn::Load(d, scores + j));
     }
-    const float row_max = hn::GetLane(hn::MaxOfLanes(d, max_v));
 
-    // 2. Probabilities 2^(s − m) and their sum (m = 0 when every score is -inf).
-    const VF safe_max = hn::Set(d, std::isinf(row_max) && row_max < 0 ? 0.0f : row_max);
-    VF sum_v = hn::Zero(d);
-    for (j = 0; j < padded_end; j += kLanes) {
-      const VF prob = Exp2(d, hn::Sub(hn::Load(d, scores + j), safe_max));
-      hn::Store(prob, d, scores + j);
-      sum_v = hn::Add(sum_v, prob);
+    // 3. Probabilities 2^(s − m) and their sums (m = 0 when every score is -inf).
+    VF sum_v[G];
+    for (int r = 0; r < G; ++r) {
+      row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v[r]));
+      sum_v[r] = hn::Zero(d);
     }
-    const float sum = hn::GetLane(hn::SumOfLanes(d, sum_v));
+    for (int64_t j = 0; j < padded_end; j += kLanes) {
+      for (int r = 0; r < G; ++r) {
+        const float m = std::isinf(row_max_[r]) && row_max_[r] < 0 ? 0.0f : row_max_[r];
+        const VF prob = Exp2(d, hn::Sub(hn::Load(d, scores_[r] + j), hn::Set(d, m)));
+        hn::Store(prob, d, scores_[r] + j);
+        sum_v[r] = hn::Add(sum_v[r], prob);
+      }
+    }
 
-    // 3. Normalize (into the weights when requested), dropout, accumulate P·V.
+    // 4. Normalize (into the weights when requested), dropout.
     const float keep_scale = 1.0f / (1.0f - p_.dropout);
-    const float inv_sum = 1.0f / sum;
-    float out_factor = keep_scale * inv_sum;
-    if (tile.weights) {
-      for (j = 0; j < key_end; ++j) scores[j] *= inv_sum * keep_scale;
-      out_factor = 1.0f;
-    }
-    if (p_.dropout > 0) {
-      const uint32_t threshold = dropout_threshold(p_.dropout);
-      for (j = 0; j < key_end; j += 4) {
-        const PhiloxWords draws = dropout_draws(p_.seed, tile.batch, i, j / 4);
-        for (int64_t w = 0; w < 4 && j + w < key_end; ++w) {
-          if (draws.word[w] < threshold) scores[j + w] = 0.0f;
+    for (int r = 0; r < G; ++r) {
+      sum_[r] = hn::GetLane(hn::SumOfLanes(d, sum_v[r]));
+      out_factor_[r] = keep_scale / sum_[r];
+      float* scores = scores_[r];
+      const int64_t query = q0 + r;
+      if (tile.weights) {
+        const float inv_sum = 1.0f / sum_[r];
+        for (int64_t j = 0; j < key_end_[r]; ++j) scores[j] *= inv_sum * keep_scale;
+        out_factor_[r] = 1.0f;
+      }
+      if (p_.dropout > 0) {
+        const uint32_t threshold = dropout_threshold(p_.dropout);
+        for (int64_t j = 0; j < key_end_[r]; j += 4) {
+          const PhiloxWords draws = dropout_draws(p_.seed, tile.batch, query, j / 4);
+          for (int64_t w = 0; w < 4 && j + w < key_end_[r]; ++w) {
+            if (draws.word[w] < threshold) scores[j + w] = 0.0f;
+          }
         }
       }
+      if (tile.weights) {
+        float* w = tile.weights + query * p_.weights_strides.row;
+        std::copy_n(scores, key_end_[r], w);
+        std::fill(w + key_end_[r], w + p_.key_len, 0.0f);
+      }
+      out_[r] = ws_.out + r * ws_.out_stride;
+      dest_[r] = tile.output + query * p_.output_strides.row;
     }
-    if (tile.weights) {
-      float* w = tile.weights + i * p_.weights_strides.row;
-      std::copy_n(scores, key_end, w);
-      std::fill(w + key_end, w + p_.key_len, 0.0f);
-    }
-    float* out = ws_.out;
-    for (int64_t c = 0; c < p_.value_dim; c += kLanes) hn::Store(hn::Zero(d), d, out + c);
-    // Chunks of 256 keys: a chunk of V (up to 512 KiB at Ev = 512) is read from memory once
-    // and from cache for the remaining column blocks.
-    constexpr int64_t kKeyChunk = 256;
-    for (int64_t k0 = 0; k0 < key_end; k0 += kKeyChunk) {
-      AccumulateRow(scores + k0, tile.value + k0 * p_.value_strides.row, p_.value_strides.row,
-                    std::min(kKeyChunk, key_end - k0), p_.value_dim, out);
-    }
-    float* o = tile.output + i * p_.output_strides.row;
-    int64_t c = 0;
-    for (; c + kLanes <= p_.value_dim; c += kLanes) {
-      hn::StoreU(hn::Mul(hn::Load(d, out + c), hn::Set(d, out_factor)), d, o + c);
-    }
-    for (; c < p_.value_dim; ++c) o[c] = out[c] * out_factor;
 
-    const bool excluded_row = !visible && (p_.mask != nullptr || p_.causal);
-    if (tile.logsumexp) {
-      tile.logsumexp[i * p_.logsumexp_strides.row] =
-          excluded_row ? FullyExcludedLogSumExp(p_) : LogSumExp(row_max, sum);
+    // 5. Output = P·V·factor, the vector columns in chunks of 256 keys (a chunk of V, up to
+    // 256 KiB at Ev = 256, is read from memory once and from cache for the remaining column
+    // blocks), the last few columns one at a time.
+    constexpr int64_t kKeyChunk = 256;
+    const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
+    for (int64_t k0 = 0; k0 < group_key_end; k0 += kKeyChunk) {
+      const float* prob[G];
+      for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
+      AccumulateRows<G>(prob, tile.value + k0 * p_.value_strides.row, p_.value_strides.row,
+                        std::min(kKeyChunk, group_key_end - k0), vector_columns, k0 == 0,
+                        k0 + kKeyChunk >= group_key_end, out_factor_, out_, dest_);
     }
-    if (excluded_row) FixFullyExcludedRow(tile);
+    for (int r = 0; r < G; ++r) {
+      for (int64_t c = vector_columns; c < p_.value_dim; ++c) {
+        float acc = 0;
+        for (int64_t j = 0; j < key_end_[r]; ++j) {
+          acc += scores_[r][j] * tile.value[j * p_.value_strides.row + c];
+        }
+        dest_[r][c] = acc * out_factor_[r];
+      }
+      // No key at all: AccumulateRows never ran; the exclusion fix below writes the row.
+      if (group_key_end == 0) std::fill_n(dest_[r], p_.value_dim, 0.0f);
+    }
+
+    // 6. Log-sum-exp, rows with every key excluded.
+    for (int r = 0; r < G; ++r) {
+      const int64_t query = q0 + r;
+      const bool excluded_row = !visible_[r] && (p_.mask != nullptr || p_.causal);
+      if (tile.logsumexp) {
+        tile.logsumexp[query * p_.logsumexp_strides.row] =
+            excluded_row ? FullyExcludedLogSumExp(p_) : LogSumExp(row_max_[r], sum_[r]);
+      }
+      if (excluded_row) FixFullyExcludedRow(tile, query);
+    }
   }
 
  private:
+  void ComputeDots(const Tile& tile, int64_t key_end) {
+#if ATTEND_DOT_QUAD
+    if (p_.head_dim % kLanes == 0) {
+      QuadScores<G>(query_, tile.key, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
+                    ws_.score_stride);
+      return;
+    }
+#endif
+    for (int r = 0; r < G; ++r) {
+      RowScores(query_[r], tile.key, p_.key_strides.row, p_.head_dim, key_end, scores_[r]);
+    }
+  }
+
   // Zeros, or the listing's uniform weights 1/Lk over all keys (then dropout).
-  void FixFullyExcludedRow(const Tile& tile) {
-    const int64_t i = tile.first_query;
+  void FixFullyExcludedRow(const Tile& tile, int64_t i) {
     float* o = tile.output + i * p_.output_strides.row;
     float* w = tile.weights ? tile.weights + i * p_.weights_strides.row : nullptr;
     std::fill_n(o, p_.value_dim, 0.0f);
@@ -753,6 +943,15 @@ class RowAttention {
 
   const SdpaParams& p_;
   RowWorkspace& ws_;
+  int64_t key_end_[G];
+  bool visible_[G];
+  float row_max_[G];
+  float sum_[G];
+  float out_factor_[G];
+  float* scores_[G];
+  const float* query_[G];
+  float* out_[G];
+  float* dest_[G];
 };
 
 // The operands of batch b, query tile starting at q0 with `rows` rows.
@@ -761,14 +960,15 @@ Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
   tile.batch = b;
   tile.first_query = q0;
   tile.rows = rows;
-  tile.query = p.query + p.batch_offset(p.query_strides, b);
-  tile.key = p.key + p.batch_offset(p.key_strides, b);
-  tile.value = p.value + p.batch_offset(p.value_strides, b);
-  tile.output = p.output + p.batch_offset(p.output_strides, b);
-  tile.weights = p.weights ? p.weights + p.batch_offset(p.weights_strides, b) : nullptr;
-  tile.logsumexp = p.logsumexp ? p.logsumexp + p.batch_offset(p.logsumexp_strides, b) : nullptr;
-  tile.mask = p.mask ? p.mask + p.batch_offset(p.mask_strides, b) : nullptr;
-  tile.bias = p.bias ? p.bias + p.batch_offset(p.bias_strides, b) : nullptr;
+  const SdpaParams::BatchCoordinates at = p.batch_coordinates(b);
+  tile.query = p.query + at.offset(p.query_strides);
+  tile.key = p.key + at.offset(p.key_strides);
+  tile.value = p.value + at.offset(p.value_strides);
+  tile.output = p.output + at.offset(p.output_strides);
+  tile.weights = p.weights ? p.weights + at.offset(p.weights_strides) : nullptr;
+  tile.logsumexp = p.logsumexp ? p.logsumexp + at.offset(p.logsumexp_strides) : nullptr;
+  tile.mask = p.mask ? p.mask + at.offset(p.mask_strides) : nullptr;
+  tile.bias = p.bias ? p.bias + at.offset(p.bias_strides) : nullptr;
   return tile;
 }
 
@@ -778,20 +978,28 @@ double ForwardMultiplyAdds(const SdpaParams& p) {
          static_cast<double>(p.key_len) * static_cast<double>(p.head_dim + p.value_dim);
 }
 
+// Work items: groups of up to kRowGroup consecutive rows of one batch index.
 void RunAllRows(const SdpaParams& p) {
-  ParallelItems<RowWorkspace>(p, ForwardMultiplyAdds(p), p.batch * p.query_len,
-                              [&](RowWorkspace& ws, int64_t item) {
-                                // Consecutive items are rows of one batch index: reuse its base
-                                // pointers (MakeTile divides per batch dimension).
-                                const int64_t b = item / p.query_len;
-                                if (b != ws.tile_batch) {
-                                  ws.tile = MakeTile(p, b, 0, 1);
-                                  ws.tile_batch = b;
-                                }
-                                ws.tile.first_query = item - b * p.query_len;
-                                RowAttention attention(p, ws);
-                                attention.Run(ws.tile);
-                              });
+  const int64_t groups_per_batch = (p.query_len + kRowGroup - 1) / kRowGroup;
+  ParallelItems<RowWorkspace>(
+      p, ForwardMultiplyAdds(p), p.batch * groups_per_batch, [&](RowWorkspace& ws, int64_t item) {
+        // Consecutive items are groups of one batch index: reuse its base pointers
+        // (MakeTile divides per batch dimension).
+        const int64_t b = item / groups_per_batch;
+        if (b != ws.tile_batch) {
+          ws.tile = MakeTile(p, b, 0, 1);
+          ws.tile_batch = b;
+        }
+        ws.tile.first_query = (item - b * groups_per_batch) * kRowGroup;
+        const int64_t rows = std::min<int64_t>(kRowGroup, p.query_len - ws.tile.first_query);
+        ws.tile.rows = rows;
+        if constexpr (kRowGroup == 4) {
+          if (rows == 4) return RowGroupAttention<4>(p, ws).Run(ws.tile);
+          if (rows == 3) return RowGroupAttention<3>(p, ws).Run(ws.tile);
+        }
+        if (rows == 2) return RowGroupAttention<2>(p, ws).Run(ws.tile);
+        RowGroupAttention<1>(p, ws).Run(ws.tile);
+      });
 }
 
 template <int QV>
