@@ -173,6 +173,55 @@ HWY_INLINE void ValueBlock(const float* HWY_RESTRICT score_t, const float* value
   }
 }
 
+// x86 targets, whose vectors are whole 128-bit blocks (SSSE3/SSE4: 1, AVX2: 2, AVX3: 4).
+#undef ATTEND_BLOCK_SHUFFLES
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
+#define ATTEND_BLOCK_SHUFFLES 1
+// In place, v[i] = row i of a kLanes × kLanes block of floats becomes v[i] = column i: the
+// tiles' transposed layouts (queries along lanes) are converted to and from row-major with
+// register shuffles instead of one scalar store per element, whose vector reloads would
+// also stall store-to-load forwarding. Rows are taken 4 at a time: two interleave levels
+// give, for each column k of a 128-bit block, the 4 rows' entries; whole blocks are then
+// gathered across row groups.
+HWY_INLINE void TransposeSquare(VF* v) {
+  const DF d;
+  const hn::Repartition<double, DF> d64;
+  VF u[kLanes];
+  for (int g = 0; g < kLanes / 4; ++g) {
+    const VF* r = v + 4 * g;
+    const auto t0 = hn::BitCast(d64, hn::InterleaveLower(d, r[0], r[1]));
+    const auto t1 = hn::BitCast(d64, hn::InterleaveUpper(d, r[0], r[1]));
+    const auto t2 = hn::BitCast(d64, hn::InterleaveLower(d, r[2], r[3]));
+    const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(d, r[2], r[3]));
+    // Block b of u[4g + k]: rows 4g .. 4g + 3 of column 4b + k.
+    u[4 * g + 0] = hn::BitCast(d, hn::InterleaveLower(d64, t0, t2));
+    u[4 * g + 1] = hn::BitCast(d, hn::InterleaveUpper(d64, t0, t2));
+    u[4 * g + 2] = hn::BitCast(d, hn::InterleaveLower(d64, t1, t3));
+    u[4 * g + 3] = hn::BitCast(d, hn::InterleaveUpper(d64, t1, t3));
+  }
+  for (int k = 0; k < 4; ++k) {
+#if HWY_TARGET <= HWY_AVX3
+    // Column 4b + k = block b of u[k], u[4 + k], u[8 + k], u[12 + k].
+    const __m512 x0 = _mm512_shuffle_f32x4(u[k].raw, u[4 + k].raw, 0x88);  // blocks 0, 2
+    const __m512 x1 = _mm512_shuffle_f32x4(u[k].raw, u[4 + k].raw, 0xDD);  // blocks 1, 3
+    const __m512 y0 = _mm512_shuffle_f32x4(u[8 + k].raw, u[12 + k].raw, 0x88);
+    const __m512 y1 = _mm512_shuffle_f32x4(u[8 + k].raw, u[12 + k].raw, 0xDD);
+    v[k] = VF{_mm512_shuffle_f32x4(x0, y0, 0x88)};
+    v[4 + k] = VF{_mm512_shuffle_f32x4(x1, y1, 0x88)};
+    v[8 + k] = VF{_mm512_shuffle_f32x4(x0, y0, 0xDD)};
+    v[12 + k] = VF{_mm512_shuffle_f32x4(x1, y1, 0xDD)};
+#elif HWY_TARGET == HWY_AVX2
+    v[k] = VF{_mm256_permute2f128_ps(u[k].raw, u[4 + k].raw, 0x20)};      // low blocks
+    v[4 + k] = VF{_mm256_permute2f128_ps(u[k].raw, u[4 + k].raw, 0x31)};  // high blocks
+#else
+    v[k] = u[k];
+#endif
+  }
+}
+#else
+#define ATTEND_BLOCK_SHUFFLES 0
+#endif
+
 template <int QV>
 class TileAttention {
  public:
@@ -231,6 +280,24 @@ class TileAttention {
   void LoadQueries(const Tile& tile) {
     const float factor = p_.scale * kLog2e;
     float* query_t = ws_.query_t.get();
+#if ATTEND_BLOCK_SHUFFLES
+    if (p_.head_dim % kLanes == 0) {
+      const DF d;
+      const VF factor_v = hn::Set(d, factor);
+      for (int64_t r0 = 0; r0 < kTq; r0 += kLanes) {
+        for (int64_t e0 = 0; e0 < p_.head_dim; e0 += kLanes) {
+          VF v[kLanes];
+          for (int64_t i = 0; i < kLanes; ++i) {
+            const float* q = tile.query + (tile.first_query + r0 + i) * p_.query_strides.row;
+            v[i] = r0 + i < tile.rows ? hn::Mul(hn::LoadU(d, q + e0), factor_v) : hn::Zero(d);
+          }
+          TransposeSquare(v);
+          for (int64_t i = 0; i < kLanes; ++i) hn::Store(v[i], d, query_t + (e0 + i) * kTq + r0);
+        }
+      }
+      return;
+    }
+#endif
     for (int64_t r = 0; r < tile.rows; ++r) {
       const float* q = tile.query + (tile.first_query + r) * p_.query_strides.row;
       for (int64_t e = 0; e < p_.head_dim; ++e) query_t[e * kTq + r] = q[e] * factor;
@@ -423,9 +490,26 @@ class TileAttention {
   void WriteWeights(const Tile& tile, int64_t k0, int64_t keys, int64_t key_end) {
     const float* score_t = ws_.score_t.get();
     const bool last_tile = k0 + keys >= key_end;
+    int64_t j_end = 0;  // keys [0, j_end) written by whole transposed blocks
+#if ATTEND_BLOCK_SHUFFLES
+    const DF d;
+    j_end = keys - keys % kLanes;
+    for (int64_t r0 = 0; r0 < tile.rows; r0 += kLanes) {
+      const int64_t rows = std::min<int64_t>(kLanes, tile.rows - r0);
+      for (int64_t j0 = 0; j0 < j_end; j0 += kLanes) {
+        VF v[kLanes];
+        for (int64_t i = 0; i < kLanes; ++i) v[i] = hn::Load(d, score_t + (j0 + i) * kTq + r0);
+        TransposeSquare(v);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* w = tile.weights + (tile.first_query + r0 + i) * p_.weights_strides.row;
+          hn::StoreU(v[i], d, w + k0 + j0);
+        }
+      }
+    }
+#endif
     for (int64_t r = 0; r < tile.rows; ++r) {
       float* w = tile.weights + (tile.first_query + r) * p_.weights_strides.row;
-      for (int64_t j = 0; j < keys; ++j) w[k0 + j] = score_t[j * kTq + r];
+      for (int64_t j = j_end; j < keys; ++j) w[k0 + j] = score_t[j * kTq + r];
       if (last_tile) std::fill(w + key_end, w + p_.key_len, 0.0f);
     }
   }
@@ -457,6 +541,27 @@ class TileAttention {
   // output[q0 + r][ev] = out_t[ev][r]·keep_scale / l_r.
   void FinishOutput(const Tile& tile, float keep_scale) {
     const float* out_t = ws_.out_t.get();
+#if ATTEND_BLOCK_SHUFFLES
+    if (p_.value_dim % kLanes == 0) {
+      const DF d;
+      for (int64_t r0 = 0; r0 < tile.rows; r0 += kLanes) {
+        const int64_t rows = std::min<int64_t>(kLanes, tile.rows - r0);
+        const VF factor = hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r0));
+        for (int64_t c0 = 0; c0 < p_.value_dim; c0 += kLanes) {
+          VF v[kLanes];
+          for (int64_t i = 0; i < kLanes; ++i) {
+            v[i] = hn::Mul(hn::Load(d, out_t + (c0 + i) * kTq + r0), factor);
+          }
+          TransposeSquare(v);
+          for (int64_t i = 0; i < rows; ++i) {
+            float* o = tile.output + (tile.first_query + r0 + i) * p_.output_strides.row;
+            hn::StoreU(v[i], d, o + c0);
+          }
+        }
+      }
+      return;
+    }
+#endif
     for (int64_t r = 0; r < tile.rows; ++r) {
       const float factor = keep_scale / ws_.row_sum[r];
       float* o = tile.output + (tile.first_query + r) * p_.output_strides.row;
