@@ -63,14 +63,19 @@ struct SdpaParams {
   uint64_t seed = 0;
   int num_threads = 1;  // ≥ 1, already resolved
 
-  // Batch index b as coordinates over batch_shape: one division per batch dimension of
-  // size > 1, however many operands then take their offsets from it.
+  // Batch index b as coordinates over the batch dimensions of size > 1 (one division per
+  // such dimension), however many operands then take their offsets from it. Only the
+  // `count` dimensions that vary are kept: a runtime-length loop that the compiler does not
+  // turn into one vector load of coordinates just written by scalar stores (a
+  // store-forwarding stall, measured at a tenth of a short call).
   struct BatchCoordinates {
+    int count = 0;
+    int dim[kMaxBatchRank] = {};
     int64_t index[kMaxBatchRank] = {};
     // Offset (elements) of these coordinates in an operand with the given strides.
     int64_t offset(const OperandStrides& strides) const {
       int64_t offset = 0;
-      for (int d = 0; d < kMaxBatchRank; ++d) offset += index[d] * strides.batch[d];
+      for (int k = 0; k < count; ++k) offset += index[k] * strides.batch[dim[k]];
       return offset;
     }
   };
@@ -78,7 +83,8 @@ struct SdpaParams {
     BatchCoordinates c;
     for (int d = kMaxBatchRank - 1; d >= 0; --d) {
       if (batch_shape[d] == 1) continue;  // most batch dimensions: no division
-      c.index[d] = b % batch_shape[d];
+      c.dim[c.count] = d;
+      c.index[c.count++] = b % batch_shape[d];
       b /= batch_shape[d];
     }
     return c;

@@ -1059,12 +1059,11 @@ class RowGroupAttention {
   float* dest_[G];
 };
 
-// The operands of batch b, query tile starting at q0 with `rows` rows.
-Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
-  Tile tile;
+// Points `tile` at the operands of batch index b (in place: a Tile returned by value and
+// then copied would be reloaded as vectors right after its scalar stores, a
+// store-forwarding stall).
+void SetTileBatch(const SdpaParams& p, int64_t b, Tile& tile) {
   tile.batch = b;
-  tile.first_query = q0;
-  tile.rows = rows;
   const SdpaParams::BatchCoordinates at = p.batch_coordinates(b);
   tile.query = p.query + at.offset(p.query_strides);
   tile.key = p.key + at.offset(p.key_strides);
@@ -1074,6 +1073,14 @@ Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
   tile.logsumexp = p.logsumexp ? p.logsumexp + at.offset(p.logsumexp_strides) : nullptr;
   tile.mask = p.mask ? p.mask + at.offset(p.mask_strides) : nullptr;
   tile.bias = p.bias ? p.bias + at.offset(p.bias_strides) : nullptr;
+}
+
+// The operands of batch b, query tile starting at q0 with `rows` rows.
+Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
+  Tile tile;
+  SetTileBatch(p, b, tile);
+  tile.first_query = q0;
+  tile.rows = rows;
   return tile;
 }
 
@@ -1092,7 +1099,7 @@ void RunAllRows(const SdpaParams& p) {
         // (MakeTile divides per batch dimension).
         const int64_t b = item / groups_per_batch;
         if (b != ws.tile_batch) {
-          ws.tile = MakeTile(p, b, 0, 1);
+          SetTileBatch(p, b, ws.tile);
           ws.tile_batch = b;
         }
         ws.tile.first_query = (item - b * groups_per_batch) * kRowGroup;
