@@ -31,9 +31,6 @@ std::string describe(const char* name, const TensorView& t) {
 }
 
 void check_view(const char* name, const TensorView& t) {
-  if (t.data == nullptr && t.shape.numel() > 0) {
-    throw Error(std::string(name) + ": data pointer is null for shape " + t.shape.str());
-  }
   if (t.strides.rank() != t.shape.rank()) {
     throw Error(std::string(name) + ": strides " + t.strides.str() + " do not match shape " +
                 t.shape.str());
@@ -45,7 +42,11 @@ void check_view(const char* name, const TensorView& t) {
                   " in dimension " + std::to_string(d) + " is not supported");
     }
   }
-  if (t.shape.numel() == 0) return;  // throws on overflow
+  const int64_t count = t.shape.numel();  // throws on overflow
+  if (t.data == nullptr && count > 0) {
+    throw Error(std::string(name) + ": data pointer is null for shape " + t.shape.str());
+  }
+  if (count == 0) return;
   // The byte offset of the last element must be representable (byte_range, the kernels).
   int64_t last_offset = 0;
   bool overflow = false;
@@ -78,11 +79,14 @@ ByteRange byte_range(const TensorView& t) {
   const auto size = static_cast<int64_t>(dtype_size(t.dtype));
   return {first, first + last_offset * size + size};
 }
+
+bool ranges_overlap(const ByteRange& a, const ByteRange& b) {
+  return a.first && b.first && a.first < b.last && b.first < a.last;
+}
 }  // namespace
 
 bool overlaps(const TensorView& a, const TensorView& b) {
-  const ByteRange ra = byte_range(a), rb = byte_range(b);
-  return ra.first && rb.first && ra.first < rb.last && rb.first < ra.last;
+  return ranges_overlap(byte_range(a), byte_range(b));
 }
 
 // Strides (elements) of a view broadcast to (batch..., rows, columns); `target` is that shape.
@@ -245,23 +249,21 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
                 dtype_name(dtype));
   }
   // Every element of an output must be written once: no zero strides, and no aliasing.
-  for (int d = 0; d < out.rank() && out.numel() > 0; ++d) {
+  const bool empty = out.numel() == 0;
+  for (int d = 0; d < out.rank() && !empty; ++d) {
     if (out.strides[d] == 0 && out.shape[d] > 1) {
       throw Error(std::string(name) + ": zero stride in dimension " + std::to_string(d) +
                   " would write several results to one element");
     }
   }
+  const ByteRange out_range = byte_range(out);
   for (auto [input_name, input] :
-       {std::pair{"query", &q}, std::pair{"key", &k}, std::pair{"value", &v}}) {
-    if (overlaps(out, *input)) {
+       {std::pair{"query", &q}, std::pair{"key", &k}, std::pair{"value", &v},
+        std::pair{"mask", options.mask ? &*options.mask : nullptr},
+        std::pair{"bias", options.bias ? &*options.bias : nullptr}}) {
+    if (input && ranges_overlap(out_range, byte_range(*input))) {
       throw Error(std::string(name) + " overlaps the memory of " + input_name);
     }
-  }
-  if (options.mask && overlaps(out, *options.mask)) {
-    throw Error(std::string(name) + " overlaps the memory of mask");
-  }
-  if (options.bias && overlaps(out, *options.bias)) {
-    throw Error(std::string(name) + " overlaps the memory of bias");
   }
 }
 
