@@ -50,10 +50,9 @@ HWY_INLINE VF Exp2Fraction(DF d, VF f) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // AVX-512: vreduceps gives f = x − round(x) in one instruction and vscalefps multiplies by
 // 2^n with the exponent range handled in hardware: below 2^-126 the kernel threads' FTZ
-// flushes the result to 0. x is first raised to at least -1000 (so -inf gives 0, not NaN);
-// vmaxps returns its second operand when either is NaN, so NaN propagates.
+// flushes the result to 0. No clamp is needed: vreduceps gives f = 0 for ±inf, so -inf
+// gives scalef(1, -inf) = 0, and NaN propagates through both.
 HWY_INLINE VF Exp2(DF d, VF x) {
-  x = hn::Max(hn::Set(d, -1000.0f), x);
   const VF f{_mm512_reduce_ps(x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
   return VF{_mm512_scalef_ps(Exp2Fraction(d, f).raw, hn::Sub(x, f).raw)};
 }
