@@ -2,6 +2,7 @@
 // shape of `attend bench --json` output. No assertion here depends on a timing.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "bench/cases.hpp"
 #include "bench/fma_peak.hpp"
 #include "bench/measure.hpp"
+#include "bench/read_bandwidth.hpp"
 #include "cli_main.hpp"
 
 namespace attend::bench {
@@ -163,6 +165,39 @@ TEST(BenchMeasure, WriteProbeAndPeakRss) {
   EXPECT_GT(peak_rss_bytes(), 0);
 }
 
+TEST(BenchMeasure, ReadBandwidthReportsThreadsAndTarget) {
+  // 1 MiB + 3 floats: the parts of 3 threads, and a tail shorter than one vector.
+  const int64_t bytes = (int64_t{1} << 20) + 12;
+  const ReadBandwidth bandwidth = measure_read_bandwidth(3, bytes, 0.002);
+  EXPECT_GT(bandwidth.gbps, 0.0);
+  EXPECT_TRUE(std::isfinite(bandwidth.gbps));
+  EXPECT_EQ(bandwidth.threads, 3);
+  EXPECT_EQ(bandwidth.bytes, bytes);
+  EXPECT_EQ(bandwidth.target, active_simd_target());
+  EXPECT_EQ(measure_read_bandwidth(1, 4096, 0.001).threads, 1);
+  EXPECT_GT(measure_read_bandwidth(8, 4096, 0.001).gbps, 0.0);  // more threads than parts
+}
+
+TEST(BenchMeasure, ReadBandwidthRefusesBadArgumentsNamingThem) {
+  const auto message_of = [](int threads, int64_t bytes, double min_seconds) -> std::string {
+    try {
+      (void)measure_read_bandwidth(threads, bytes, min_seconds);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_NE(message_of(0, 4096, 0.001).find("num_threads"), std::string::npos)
+      << message_of(0, 4096, 0.001);
+  EXPECT_NE(message_of(-2, 4096, 0.001).find("num_threads"), std::string::npos);
+  EXPECT_NE(message_of(1, 0, 0.001).find("bytes"), std::string::npos) << message_of(1, 0, 0.001);
+  EXPECT_NE(message_of(1, -4096, 0.001).find("bytes"), std::string::npos);
+  EXPECT_NE(message_of(1, 4096, 0.0).find("min_seconds"), std::string::npos)
+      << message_of(1, 4096, 0.0);
+  EXPECT_NE(message_of(1, 4096, -1.0).find("min_seconds"), std::string::npos);
+  EXPECT_NE(message_of(1, 4096, std::nan("")).find("min_seconds"), std::string::npos);
+}
+
 int run_cli(std::vector<std::string> arguments, std::string* out, std::string* err) {
   arguments.insert(arguments.begin(), "attend");
   std::vector<char*> argv;
@@ -201,6 +236,38 @@ TEST(BenchCommand, JsonLineHasTheRequiredKeys) {
   EXPECT_GT(record["median_us"].get<double>(), 0.0);
   EXPECT_NE(err.find("FMA peak:"), std::string::npos) << err;
   EXPECT_NE(err.find("[1/1] phrase"), std::string::npos) << err;
+  // Only the memory-bound case (decode) measures the read bandwidth and reports against it.
+  EXPECT_FALSE(record.contains("read_gbps")) << nonempty[0];
+  EXPECT_EQ(err.find("Read bandwidth"), std::string::npos) << err;
+}
+
+// decode (256 MiB of K and V) with the default read probe (512 MiB): about 2 s in all.
+TEST(BenchCommand, DecodeJsonLineHasTheReadBandwidthKeys) {
+  std::string out, err;
+  ASSERT_EQ(run_cli({"bench", "--case", "decode", "--json", "--threads", "2", "--min-time", "0.001",
+                     "--repetitions", "1"},
+                    &out, &err),
+            0)
+      << err;
+  std::istringstream lines(out);
+  std::vector<std::string> nonempty;
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) nonempty.push_back(line);
+  }
+  ASSERT_EQ(nonempty.size(), 1u) << out;
+  const nlohmann::json record = nlohmann::json::parse(nonempty[0]);
+  EXPECT_EQ(record["case"], "decode");
+  EXPECT_EQ(record["threads"], 2);
+  for (const char* key : {"gbps", "read_gbps", "pct_read"}) {
+    ASSERT_TRUE(record.contains(key)) << "missing " << key << " in " << nonempty[0];
+    EXPECT_GT(record[key].get<double>(), 0.0) << key;
+  }
+  EXPECT_NEAR(record["pct_read"].get<double>(),
+              100.0 * record["gbps"].get<double>() / record["read_gbps"].get<double>(), 1e-9);
+  const size_t probe_line = err.find("Read bandwidth:");
+  ASSERT_NE(probe_line, std::string::npos) << err;
+  const std::string probe_text = err.substr(probe_line, err.find('\n', probe_line) - probe_line);
+  EXPECT_NE(probe_text.find(" GB/s (2 threads)"), std::string::npos) << probe_text;
 }
 
 TEST(BenchCommand, UnknownCaseIsAnErrorNamingTheKnownOnes) {

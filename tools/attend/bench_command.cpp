@@ -3,8 +3,10 @@
 //
 // Measures the FMA peak first (src/bench/fma_peak.hpp), then runs each case of the table
 // (src/bench/cases.hpp): one warm-up call, R repetitions each repeating the call for at least
-// S seconds, the median time per call. FLOPs come from attend::attention_flops only. Progress
-// goes to stderr; the table (or one JSON object per case and line, with --json) to stdout.
+// S seconds, the median time per call. FLOPs come from attend::attention_flops only. The
+// memory-bound case (decode) is also compared with the read bandwidth probe
+// (src/bench/read_bandwidth.hpp), measured just before it. Progress goes to stderr; the table
+// (or one JSON object per case and line, with --json) to stdout.
 #include "bench_command.hpp"
 
 #include <cstdint>
@@ -22,6 +24,7 @@
 #include "bench/cases.hpp"
 #include "bench/fma_peak.hpp"
 #include "bench/measure.hpp"
+#include "bench/read_bandwidth.hpp"
 
 namespace attend::cli {
 namespace {
@@ -58,6 +61,8 @@ struct CaseResult {
   double peak_gflops = 0;
   double pct_peak = 0;
   double gbps = 0;           // decode: K/V bytes read per second
+  double read_gbps = 0;      // decode: the read bandwidth probe at the case's thread count
+  double pct_read = 0;       // decode: 100 · gbps / read_gbps
   double weights_ratio = 0;  // unet-weights: time / (time without weights + write time)
   double baseline_us = 0;    // unet-weights: the same problem without weights
   double write_us = 0;       // unet-weights: memset of the weights' bytes
@@ -111,6 +116,32 @@ class PeakTable {
   std::map<int, bench::FmaPeak> peaks_;
 };
 
+// The read bandwidth at a thread count, measured once per count, on first use (so just
+// before the first memory-bound case: its buffer is freed again before any later case, and
+// the peak RSS of cases run before it does not include it), printed when measured.
+class ReadBandwidthTable {
+ public:
+  const bench::ReadBandwidth& at(int threads) {
+    auto found = bandwidths_.find(threads);
+    if (found != bandwidths_.end()) return found->second;
+    const bench::ReadBandwidth bandwidth = bench::measure_read_bandwidth(threads);
+    std::fprintf(stderr, "Read bandwidth: %.1f GB/s (%d thread%s)\n", bandwidth.gbps, threads,
+                 threads == 1 ? "" : "s");
+    return bandwidths_.emplace(threads, bandwidth).first->second;
+  }
+
+  const std::map<int, bench::ReadBandwidth>& measured() const { return bandwidths_; }
+
+ private:
+  std::map<int, bench::ReadBandwidth> bandwidths_;
+};
+
+// The probes measured once per run and shared by the cases.
+struct Probes {
+  PeakTable peaks;
+  ReadBandwidthTable read_bandwidths;
+};
+
 // Median seconds per call of one problem on `threads` threads.
 bench::RepeatedTiming time_problem(const bench::AttentionShape& shape, bool need_weights,
                                    int threads, const BenchSettings& settings) {
@@ -131,12 +162,14 @@ std::string problem_key(const bench::AttentionShape& s, bool need_weights, int t
   return key;
 }
 
-CaseResult run_case(const BenchCase& c, const BenchSettings& settings, PeakTable& peaks,
+CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& probes,
                     std::map<std::string, double>& seconds_by_problem) {
   CaseResult result;
   result.bench_case = &c;
   result.threads = c.single_thread ? 1 : settings.threads;
-  result.peak_gflops = peaks.at(result.threads).gflops;
+  result.peak_gflops = probes.peaks.at(result.threads).gflops;
+  const bool memory_bound = c.target.kind == TargetKind::kMinGbps;
+  if (memory_bound) result.read_gbps = probes.read_bandwidths.at(result.threads).gbps;
   if (c.workload == bench::Workload::kAttention) {
     result.timing = time_problem(c.shape, c.need_weights, result.threads, settings);
   } else {
@@ -150,6 +183,7 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, PeakTable
   result.gflops = c.flops() / seconds / 1e9;
   result.pct_peak = 100.0 * result.gflops / result.peak_gflops;
   result.gbps = c.shape.key_value_bytes() / seconds / 1e9;
+  if (memory_bound) result.pct_read = 100.0 * result.gbps / result.read_gbps;
   if (c.need_weights) {
     // The same problem without weights (reused when that case already ran), plus the time
     // to stream the weights' bytes to memory: what returning the weights costs at the least.
@@ -212,7 +246,11 @@ nlohmann::json to_json(const CaseResult& r, const std::string& simd_target,
       {"target", bench::describe_target(c.target)},
       {"target_met", bench::target_met(c.target, r.target_measure)},
   };
-  if (c.target.kind == TargetKind::kMinGbps) line["gbps"] = r.gbps;
+  if (c.target.kind == TargetKind::kMinGbps) {
+    line["gbps"] = r.gbps;
+    line["read_gbps"] = r.read_gbps;
+    line["pct_read"] = r.pct_read;
+  }
   if (c.need_weights) {
     line["weights_ratio"] = r.weights_ratio;
     line["baseline_us"] = r.baseline_us;
@@ -234,7 +272,7 @@ std::string format_time(double seconds) {
   return text;
 }
 
-void print_table(const std::vector<CaseResult>& results, const PeakTable& peaks) {
+void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
   std::printf("%-13s %2s %3s %5s %5s %4s %-6s %3s %11s %8s %6s  %-24s %-16s %s\n", "case", "B", "H",
               "Lq", "Lk", "E", "causal", "thr", "median", "GFLOP/s", "%peak", "also", "target",
               "result");
@@ -242,7 +280,7 @@ void print_table(const std::vector<CaseResult>& results, const PeakTable& peaks)
     const BenchCase& c = *r.bench_case;
     char also[64] = "";
     if (c.target.kind == TargetKind::kMinGbps) {
-      std::snprintf(also, sizeof(also), "%.1f GB/s", r.gbps);
+      std::snprintf(also, sizeof(also), "%.1f GB/s (%.0f%% of read)", r.gbps, r.pct_read);
     } else if (c.need_weights) {
       std::snprintf(also, sizeof(also), "%.2fx (unet+write)", r.weights_ratio);
     } else if (r.peak_rss_bytes > 0) {
@@ -259,14 +297,19 @@ void print_table(const std::vector<CaseResult>& results, const PeakTable& peaks)
                 bench::describe_target(c.target).c_str(),
                 c.target.kind == TargetKind::kNone ? "-" : (met ? "met" : "MISSED"));
   }
-  for (const auto& [threads, peak] : peaks.measured()) {
+  for (const auto& [threads, peak] : probes.peaks.measured()) {
     std::printf("FMA peak: %.0f GFLOP/s (%s, %d thread%s)\n", peak.gflops, peak.target.c_str(),
                 threads, threads == 1 ? "" : "s");
+  }
+  for (const auto& [threads, bandwidth] : probes.read_bandwidths.measured()) {
+    std::printf("Read bandwidth: %.1f GB/s (%d thread%s)\n", bandwidth.gbps, threads,
+                threads == 1 ? "" : "s");
   }
   std::printf(
       "FLOPs: attend::attention_flops (4*B*H*Lq*Lk*E, halved when causal), 2.5x that for the "
       "*-bwd cases; %%peak: of the FMA "
-      "peak at the case's thread count. unet peak RSS includes the inputs.\n");
+      "peak at the case's thread count; %% of read: of the read bandwidth at that count. unet "
+      "peak RSS includes the inputs.\n");
 }
 
 void run_bench(const BenchArguments& arguments) {
@@ -280,20 +323,20 @@ void run_bench(const BenchArguments& arguments) {
         settings.min_seconds);
     std::fflush(stdout);
   }
-  PeakTable peaks;
-  (void)peaks.at(settings.threads);  // printed first, before any case
+  Probes probes;
+  (void)probes.peaks.at(settings.threads);  // printed first, before any case
   std::vector<CaseResult> results;
   std::map<std::string, double> seconds_by_problem;
   const size_t count = settings.cases.size();
   for (size_t i = 0; i < count; ++i) {
     const BenchCase& c = *settings.cases[i];
     std::fprintf(stderr, "[%zu/%zu] %s ...\n", i + 1, count, c.name.c_str());
-    results.push_back(run_case(c, settings, peaks, seconds_by_problem));
+    results.push_back(run_case(c, settings, probes, seconds_by_problem));
     if (settings.json) {
       std::cout << to_json(results.back(), simd_target, settings).dump() << '\n' << std::flush;
     }
   }
-  if (!settings.json && !results.empty()) print_table(results, peaks);
+  if (!settings.json && !results.empty()) print_table(results, probes);
 }
 
 }  // namespace
