@@ -635,10 +635,13 @@ struct RowWorkspace {
   float* out;     // [kRowGroup][out_stride]:   Ev rounded up to lanes
   int64_t score_stride;
   int64_t out_stride;
-  int64_t tile_batch = -1;  // batch index whose pointers `tile` holds
-  Tile tile{};
+  // The operands of the batch index tile_batch[r] (-1: none yet), row r's when a group
+  // spans batch indices (one query per batch index: decoding), tiles[0] otherwise.
+  Tile tiles[kRowGroup] = {};
+  int64_t tile_batch[kRowGroup];
 
   explicit RowWorkspace(const SdpaParams& p) {
+    std::fill_n(tile_batch, kRowGroup, int64_t{-1});
     const auto lanes = static_cast<size_t>(kLanes);
     score_stride = static_cast<int64_t>(hwy::RoundUpTo(static_cast<size_t>(p.key_len), lanes));
     out_stride = static_cast<int64_t>(
@@ -718,10 +721,13 @@ HWY_INLINE VF QuadSums(VF acc0, VF acc1, VF acc2, VF acc3) {
 }
 
 // Scores of keys [0, key_end) for G rows, four keys at a time (E a multiple of kLanes):
-// scores[r][j] = q_r·k_j, stored as whole vectors; lanes past key_end are left unset in the
-// last vector (the caller pads them). Each K vector is loaded once for the G rows.
-template <int G>
-HWY_INLINE void QuadScores(const float* const* query, const float* key, int64_t key_stride,
+// scores[r][j] = q_r·k_r,j, stored as whole vectors; lanes past key_end are left unset in
+// the last vector (the caller pads them). kShared: the rows share one K (key[0]), each of
+// whose vectors is then loaded once for the G rows; else each row reads its own K (rows of
+// different heads: G streams from memory, where one would leave the core's memory
+// parallelism unused).
+template <int G, bool kShared>
+HWY_INLINE void QuadScores(const float* const* query, const float* const* key, int64_t key_stride,
                            int64_t head_dim, int64_t key_end, float* scores, int64_t score_stride) {
   const DF d;
   const hn::RebindToSigned<DF> di;
@@ -730,15 +736,19 @@ HWY_INLINE void QuadScores(const float* const* query, const float* key, int64_t 
   for (int r = 0; r < G; ++r) pending[r] = hn::Zero(d);
   int64_t j = 0;
   for (; j + 4 <= key_end; j += 4) {
-    const float* k0 = key + j * key_stride;
     VF acc[G][4];
     for (int r = 0; r < G; ++r) {
       for (int c = 0; c < 4; ++c) acc[r][c] = hn::Zero(d);
     }
     for (int64_t e = 0; e < head_dim; e += kLanes) {
       VF k[4];
-      for (int c = 0; c < 4; ++c) k[c] = hn::LoadU(d, k0 + c * key_stride + e);
+      if constexpr (kShared) {
+        for (int c = 0; c < 4; ++c) k[c] = hn::LoadU(d, key[0] + (j + c) * key_stride + e);
+      }
       for (int r = 0; r < G; ++r) {
+        if constexpr (!kShared) {
+          for (int c = 0; c < 4; ++c) k[c] = hn::LoadU(d, key[r] + (j + c) * key_stride + e);
+        }
         const VF q = hn::LoadU(d, query[r] + e);
         for (int c = 0; c < 4; ++c) acc[r][c] = hn::MulAdd(q, k[c], acc[r][c]);
       }
@@ -762,7 +772,8 @@ HWY_INLINE void QuadScores(const float* const* query, const float* key, int64_t 
     for (int r = 0; r < G; ++r) {
       VF acc = hn::Zero(d);
       for (int64_t e = 0; e < head_dim; e += kLanes) {
-        acc = hn::MulAdd(hn::LoadU(d, query[r] + e), hn::LoadU(d, key + j * key_stride + e), acc);
+        acc =
+            hn::MulAdd(hn::LoadU(d, query[r] + e), hn::LoadU(d, key[r] + j * key_stride + e), acc);
       }
       pending[r] = hn::IfThenElse(at_lane, hn::SumOfLanes(d, acc), pending[r]);
       if (lane == kLanes - 1) hn::Store(pending[r], d, scores + r * score_stride + j + 1 - kLanes);
@@ -809,13 +820,15 @@ HWY_INLINE void RowScores(const float* query, const float* key, int64_t key_stri
   if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
 }
 
-// out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows and the vector columns c < columns (a
+// out_r[c] (+)= Σ_j prob_r[j]·V_r[j][c] for G rows and the vector columns c < columns (a
 // multiple of kLanes), starting from zero when `first`; when `last`, stores
-// out_r·factor_r into dest_r instead of out_r. Each V vector is loaded once for the G rows.
-template <int G>
-HWY_INLINE void AccumulateRows(const float* const* prob, const float* value, int64_t value_stride,
-                               int64_t keys, int64_t columns, bool first, bool last,
-                               const float* factor, float* const* out, float* const* dest) {
+// out_r·factor_r into dest_r instead of out_r. kShared: the rows share one V (value[0]),
+// each of whose vectors is loaded once for the G rows; else each row reads its own.
+template <int G, bool kShared>
+HWY_INLINE void AccumulateRows(const float* const* prob, const float* const* value,
+                               int64_t value_stride, int64_t keys, int64_t columns, bool first,
+                               bool last, const float* factor, float* const* out,
+                               float* const* dest) {
   const DF d;
   int64_t c = 0;
   for (; c + 2 * kLanes <= columns; c += 2 * kLanes) {
@@ -825,9 +838,16 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const float* value, int
       acc1[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c + kLanes);
     }
     for (int64_t j = 0; j < keys; ++j) {
-      const float* v = value + j * value_stride + c;
-      const VF v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + kLanes);
+      VF v0, v1;
+      if constexpr (kShared) {
+        const float* v = value[0] + j * value_stride + c;
+        v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + kLanes);
+      }
       for (int r = 0; r < G; ++r) {
+        if constexpr (!kShared) {
+          const float* v = value[r] + j * value_stride + c;
+          v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + kLanes);
+        }
         const VF pj = hn::Set(d, prob[r][j]);
         acc0[r] = hn::MulAdd(pj, v0, acc0[r]);
         acc1[r] = hn::MulAdd(pj, v1, acc1[r]);
@@ -848,8 +868,10 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const float* value, int
     VF acc[G];
     for (int r = 0; r < G; ++r) acc[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
     for (int64_t j = 0; j < keys; ++j) {
-      const VF v = hn::LoadU(d, value + j * value_stride + c);
-      for (int r = 0; r < G; ++r) acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
+      for (int r = 0; r < G; ++r) {
+        const VF v = hn::LoadU(d, value[kShared ? 0 : r] + j * value_stride + c);
+        acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
+      }
     }
     for (int r = 0; r < G; ++r) {
       if (last) {
@@ -866,23 +888,27 @@ class RowGroupAttention {
  public:
   RowGroupAttention(const SdpaParams& p, RowWorkspace& ws) : p_(p), ws_(ws) {}
 
-  // Query rows first_query .. first_query + G − 1 of the tile's batch index.
-  void Run(const Tile& tile) {
+  // Row r of the group: query row queries[r] of the batch index whose operands tiles[r]
+  // points at. shared: every row is of one batch index (they share K and V).
+  void Run(const Tile* const* tiles, const int64_t* queries, bool shared) {
     const DF d;
-    const int64_t q0 = tile.first_query;
     int64_t group_key_end = 0;
     for (int r = 0; r < G; ++r) {
-      key_end_[r] = p_.causal ? std::clamp<int64_t>(p_.causal_last_key(q0 + r) + 1, 0, p_.key_len)
+      tile_[r] = tiles[r];
+      row_[r] = queries[r];
+      key_end_[r] = p_.causal ? std::clamp<int64_t>(p_.causal_last_key(row_[r]) + 1, 0, p_.key_len)
                               : p_.key_len;
       group_key_end = std::max(group_key_end, key_end_[r]);
       scores_[r] = ws_.scores + r * ws_.score_stride;
-      query_[r] = tile.query + (q0 + r) * p_.query_strides.row;
+      query_[r] = tile_[r]->query + row_[r] * p_.query_strides.row;
+      key_[r] = tile_[r]->key;
+      value_[r] = tile_[r]->value;
     }
     const int64_t padded_end = static_cast<int64_t>(
         hwy::RoundUpTo(static_cast<size_t>(group_key_end), static_cast<size_t>(kLanes)));
 
     // 1. Dot products of the keys before the group's last visible key.
-    ComputeDots(tile, group_key_end);
+    ComputeDots(group_key_end, shared);
 
     // 2. Scale, bias, exclusions; lanes past each row's key_end become -inf after scaling
     // (the scale may be negative), so 2^(-inf) = 0 leaves sums and outputs alone.
@@ -890,10 +916,11 @@ class RowGroupAttention {
     const float factor = p_.scale * kLog2e;
     VF max_v[G];
     for (int r = 0; r < G; ++r) {
+      const Tile& tile = *tile_[r];
       float* scores = scores_[r];
       max_v[r] = neg_inf;
-      const float* bias = tile.bias ? tile.bias + (q0 + r) * p_.bias_strides.row : nullptr;
-      const uint8_t* mask = tile.mask ? tile.mask + (q0 + r) * p_.mask_strides.row : nullptr;
+      const float* bias = tile.bias ? tile.bias + row_[r] * p_.bias_strides.row : nullptr;
+      const uint8_t* mask = tile.mask ? tile.mask + row_[r] * p_.mask_strides.row : nullptr;
       if (bias == nullptr && mask == nullptr) {
         const VF factor_v = hn::Set(d, factor);
         for (int64_t j = 0; j < padded_end; j += kLanes) {
@@ -946,10 +973,10 @@ class RowGroupAttention {
     // 4. Normalize (into the weights when requested), dropout.
     const float keep_scale = 1.0f / (1.0f - p_.dropout);
     for (int r = 0; r < G; ++r) {
+      const Tile& tile = *tile_[r];
       sum_[r] = hn::GetLane(hn::SumOfLanes(d, sum_v[r]));
       out_factor_[r] = keep_scale / sum_[r];
       float* scores = scores_[r];
-      const int64_t query = q0 + r;
       if (tile.weights) {
         const float inv_sum = 1.0f / sum_[r];
         for (int64_t j = 0; j < key_end_[r]; ++j) scores[j] *= inv_sum * keep_scale;
@@ -958,19 +985,19 @@ class RowGroupAttention {
       if (p_.dropout > 0) {
         const uint32_t threshold = dropout_threshold(p_.dropout);
         for (int64_t j = 0; j < key_end_[r]; j += 4) {
-          const PhiloxWords draws = dropout_draws(p_.seed, tile.batch, query, j / 4);
+          const PhiloxWords draws = dropout_draws(p_.seed, tile.batch, row_[r], j / 4);
           for (int64_t w = 0; w < 4 && j + w < key_end_[r]; ++w) {
             if (draws.word[w] < threshold) scores[j + w] = 0.0f;
           }
         }
       }
       if (tile.weights) {
-        float* w = tile.weights + query * p_.weights_strides.row;
+        float* w = tile.weights + row_[r] * p_.weights_strides.row;
         std::copy_n(scores, key_end_[r], w);
         std::fill(w + key_end_[r], w + p_.key_len, 0.0f);
       }
       out_[r] = ws_.out + r * ws_.out_stride;
-      dest_[r] = tile.output + query * p_.output_strides.row;
+      dest_[r] = tile.output + row_[r] * p_.output_strides.row;
     }
 
     // 5. Output = P·V·factor, the vector columns in chunks of 256 keys (a chunk of V, up to
@@ -980,16 +1007,26 @@ class RowGroupAttention {
     const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
     for (int64_t k0 = 0; k0 < group_key_end; k0 += kKeyChunk) {
       const float* prob[G];
-      for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
-      AccumulateRows<G>(prob, tile.value + k0 * p_.value_strides.row, p_.value_strides.row,
-                        std::min(kKeyChunk, group_key_end - k0), vector_columns, k0 == 0,
-                        k0 + kKeyChunk >= group_key_end, out_factor_, out_, dest_);
+      const float* value[G];
+      for (int r = 0; r < G; ++r) {
+        prob[r] = scores_[r] + k0;
+        value[r] = value_[r] + k0 * p_.value_strides.row;
+      }
+      const int64_t keys = std::min(kKeyChunk, group_key_end - k0);
+      const bool first = k0 == 0, last = k0 + kKeyChunk >= group_key_end;
+      if (shared) {
+        AccumulateRows<G, true>(prob, value, p_.value_strides.row, keys, vector_columns, first,
+                                last, out_factor_, out_, dest_);
+      } else {
+        AccumulateRows<G, false>(prob, value, p_.value_strides.row, keys, vector_columns, first,
+                                 last, out_factor_, out_, dest_);
+      }
     }
     for (int r = 0; r < G; ++r) {
       for (int64_t c = vector_columns; c < p_.value_dim; ++c) {
         float acc = 0;
         for (int64_t j = 0; j < key_end_[r]; ++j) {
-          acc += scores_[r][j] * tile.value[j * p_.value_strides.row + c];
+          acc += scores_[r][j] * value_[r][j * p_.value_strides.row + c];
         }
         dest_[r][c] = acc * out_factor_[r];
       }
@@ -999,27 +1036,33 @@ class RowGroupAttention {
 
     // 6. Log-sum-exp, rows with every key excluded.
     for (int r = 0; r < G; ++r) {
-      const int64_t query = q0 + r;
+      const Tile& tile = *tile_[r];
       const bool excluded_row = !visible_[r] && (p_.mask != nullptr || p_.causal);
       if (tile.logsumexp) {
-        tile.logsumexp[query * p_.logsumexp_strides.row] =
+        tile.logsumexp[row_[r] * p_.logsumexp_strides.row] =
             excluded_row ? FullyExcludedLogSumExp(p_) : LogSumExp(row_max_[r], sum_[r]);
       }
-      if (excluded_row) FixFullyExcludedRow(tile, query);
+      if (excluded_row) FixFullyExcludedRow(tile, row_[r]);
     }
   }
 
  private:
-  void ComputeDots(const Tile& tile, int64_t key_end) {
+  void ComputeDots(int64_t key_end, bool shared) {
 #if ATTEND_DOT_QUAD
     if (p_.head_dim % kLanes == 0) {
-      QuadScores<G>(query_, tile.key, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
-                    ws_.score_stride);
+      if (shared) {
+        QuadScores<G, true>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
+                            ws_.score_stride);
+      } else {
+        QuadScores<G, false>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
+                             ws_.score_stride);
+      }
       return;
     }
 #endif
+    (void)shared;  // RowScores reads each row's own K
     for (int r = 0; r < G; ++r) {
-      RowScores(query_[r], tile.key, p_.key_strides.row, p_.head_dim, key_end, scores_[r]);
+      RowScores(query_[r], key_[r], p_.key_strides.row, p_.head_dim, key_end, scores_[r]);
     }
   }
 
@@ -1048,6 +1091,8 @@ class RowGroupAttention {
 
   const SdpaParams& p_;
   RowWorkspace& ws_;
+  const Tile* tile_[G];  // operands of each row's batch index
+  int64_t row_[G];       // each row's query index
   int64_t key_end_[G];
   bool visible_[G];
   float row_max_[G];
@@ -1055,6 +1100,8 @@ class RowGroupAttention {
   float out_factor_[G];
   float* scores_[G];
   const float* query_[G];
+  const float* key_[G];
+  const float* value_[G];
   float* out_[G];
   float* dest_[G];
 };
@@ -1090,27 +1137,40 @@ double ForwardMultiplyAdds(const SdpaParams& p) {
          static_cast<double>(p.key_len) * static_cast<double>(p.head_dim + p.value_dim);
 }
 
-// Work items: groups of up to kRowGroup consecutive rows of one batch index.
+// Work items: groups of up to kRowGroup consecutive rows of one batch index or, with one
+// query per batch index (decoding), the rows of up to kRowGroup consecutive batch indices.
+template <int G>
+void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, bool across) {
+  const Tile* tiles[G];
+  int64_t queries[G];
+  for (int r = 0; r < G; ++r) {
+    const int64_t b = across ? b0 + r : b0;
+    Tile& tile = ws.tiles[across ? r : 0];
+    if (ws.tile_batch[across ? r : 0] != b) {  // reuse the base pointers: MakeTile divides
+      SetTileBatch(p, b, tile);
+      ws.tile_batch[across ? r : 0] = b;
+    }
+    tiles[r] = &tile;
+    queries[r] = across ? 0 : q0 + r;
+  }
+  RowGroupAttention<G>(p, ws).Run(tiles, queries, !across || G == 1);
+}
+
 void RunAllRows(const SdpaParams& p) {
-  const int64_t groups_per_batch = (p.query_len + kRowGroup - 1) / kRowGroup;
+  const bool across = p.query_len == 1;
+  const int64_t groups_per_batch = across ? 1 : (p.query_len + kRowGroup - 1) / kRowGroup;
+  const int64_t items = across ? (p.batch + kRowGroup - 1) / kRowGroup : p.batch * groups_per_batch;
   ParallelItems<RowWorkspace>(
-      p, ForwardMultiplyAdds(p), p.batch * groups_per_batch, [&](RowWorkspace& ws, int64_t item) {
-        // Consecutive items are groups of one batch index: reuse its base pointers
-        // (MakeTile divides per batch dimension).
-        const int64_t b = item / groups_per_batch;
-        if (b != ws.tile_batch) {
-          SetTileBatch(p, b, ws.tile);
-          ws.tile_batch = b;
-        }
-        ws.tile.first_query = (item - b * groups_per_batch) * kRowGroup;
-        const int64_t rows = std::min<int64_t>(kRowGroup, p.query_len - ws.tile.first_query);
-        ws.tile.rows = rows;
+      p, ForwardMultiplyAdds(p), items, [&](RowWorkspace& ws, int64_t item) {
+        const int64_t b0 = across ? item * kRowGroup : item / groups_per_batch;
+        const int64_t q0 = across ? 0 : (item - b0 * groups_per_batch) * kRowGroup;
+        const int64_t rows = std::min<int64_t>(kRowGroup, across ? p.batch - b0 : p.query_len - q0);
         if constexpr (kRowGroup == 4) {
-          if (rows == 4) return RowGroupAttention<4>(p, ws).Run(ws.tile);
-          if (rows == 3) return RowGroupAttention<3>(p, ws).Run(ws.tile);
+          if (rows == 4) return RunRowGroup<4>(p, ws, b0, q0, across);
+          if (rows == 3) return RunRowGroup<3>(p, ws, b0, q0, across);
         }
-        if (rows == 2) return RowGroupAttention<2>(p, ws).Run(ws.tile);
-        RowGroupAttention<1>(p, ws).Run(ws.tile);
+        if (rows == 2) return RunRowGroup<2>(p, ws, b0, q0, across);
+        RunRowGroup<1>(p, ws, b0, q0, across);
       });
 }
 
