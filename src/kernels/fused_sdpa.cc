@@ -609,7 +609,9 @@ class TileAttention {
 // lanes run along E and Ev instead. A work item is a group of up to kRowGroup consecutive
 // query rows of one batch index; each phase runs over the group's rows, whose independent
 // dependency chains (horizontal sums, max, exp, divisions) then overlap, and the rows share
-// each load of K and V.
+// each load of K and V. With one query per batch index (decoding) a group holds the rows of
+// kRowGroup consecutive batch indices instead, each reading its own K and V: separate
+// memory streams, where one stream per core leaves memory parallelism unused.
 //
 // Per row i:  s_j = (q_i·k_j)·scale·log2 e (+ bias), excluded → -1e9·log2 e, for the
 // visible keys j < key_end_i;  m = max_j s_j;  p_j = 2^(s_j − m);  l = Σ p_j;
@@ -1153,7 +1155,13 @@ void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, 
     tiles[r] = &tile;
     queries[r] = across ? 0 : q0 + r;
   }
-  RowGroupAttention<G>(p, ws).Run(tiles, queries, !across || G == 1);
+  // Rows of different batch indices still share K and V when those are broadcast over the
+  // batch dimensions that differ (stride 0: multi-query attention).
+  bool shared = true;
+  for (int r = 1; r < G; ++r) {
+    shared = shared && tiles[r]->key == tiles[0]->key && tiles[r]->value == tiles[0]->value;
+  }
+  RowGroupAttention<G>(p, ws).Run(tiles, queries, shared);
 }
 
 void RunAllRows(const SdpaParams& p) {
