@@ -50,10 +50,14 @@ void register_problem(const std::string& label, const AttentionShape& shape, boo
         const torch::Tensor query =
             torch::rand({shape.batch, shape.heads, shape.query_len, shape.head_dim}, options) * 2 -
             1;
+        // shared_kv: one K/V head expanded (stride 0) over the query heads.
+        const int64_t kv_heads = shape.shared_kv ? 1 : shape.heads;
         const torch::Tensor key =
-            torch::rand({shape.batch, shape.heads, shape.key_len, shape.head_dim}, options) * 2 - 1;
+            (torch::rand({shape.batch, kv_heads, shape.key_len, shape.head_dim}, options) * 2 - 1)
+                .expand({shape.batch, shape.heads, shape.key_len, shape.head_dim});
         const torch::Tensor value =
-            torch::rand({shape.batch, shape.heads, shape.key_len, shape.head_dim}, options) * 2 - 1;
+            (torch::rand({shape.batch, kv_heads, shape.key_len, shape.head_dim}, options) * 2 - 1)
+                .expand({shape.batch, shape.heads, shape.key_len, shape.head_dim});
         torch::Tensor causal_keep;  // query i keeps key j when j <= i + Lk - Lq
         if (shape.causal) {
           causal_keep = torch::ones({shape.query_len, shape.key_len}, torch::kBool)

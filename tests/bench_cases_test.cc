@@ -2,6 +2,7 @@
 // shape of `attend bench --json` output. No assertion here depends on a timing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -86,6 +87,11 @@ TEST(BenchCases, FlopsAndBytesByHand) {
   EXPECT_DOUBLE_EQ(find_bench_case("s4-causal")->shape.flops(), 34359738368.0 / 2);
   // decode reads K and V: 2·32·8192·128·4 bytes.
   EXPECT_DOUBLE_EQ(find_bench_case("decode")->shape.key_value_bytes(), 268435456.0);
+  // decode-mqa: one K/V head for the 32 query heads: 2·8192·128·4 bytes.
+  const BenchCase* mqa = find_bench_case("decode-mqa");
+  ASSERT_NE(mqa, nullptr);
+  EXPECT_TRUE(mqa->shape.shared_kv);
+  EXPECT_DOUBLE_EQ(mqa->shape.key_value_bytes(), 8388608.0);
   // Backward cases: 2.5 × the forward's FLOPs, same shapes as their forward cases.
   for (const char* name : {"unet", "s4", "s4-causal"}) {
     const BenchCase* forward = find_bench_case(name);
@@ -137,6 +143,30 @@ TEST(BenchCases, CaseTensorsRunThroughTheApi) {
   EXPECT_EQ(w[3], 0.0f);
   EXPECT_EQ(w[4], 0.0f);
   EXPECT_GT(w[2], 0.0f);
+}
+
+TEST(BenchCases, SharedKeyValueTensorsAreOneHeadSeenByEveryHead) {
+  AttentionShape shape{2, 3, 1, 7, 16, false, true};
+  CaseTensors shared = make_case_tensors(shape, /*need_weights=*/false);
+  EXPECT_EQ(shared.key.shape(), Shape({2, 1, 7, 16}));
+  EXPECT_EQ(shared.key_view().shape, Shape({2, 3, 7, 16}));
+  EXPECT_EQ(shared.key_view().strides, Shape({112, 0, 16, 1}));
+  run_attention(shared, shape, 1, Backend::kAuto);
+  // The same problem with K and V copied into every head gives the same output, bitwise.
+  shape.shared_kv = false;
+  CaseTensors copied = make_case_tensors(shape, false);
+  for (Tensor* t : {&copied.key, &copied.value}) {
+    const Tensor& one = t == &copied.key ? shared.key : shared.value;
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t h = 0; h < 3; ++h) {
+        std::copy_n(one.data_as<float>() + b * 112, 112, t->data_as<float>() + (b * 3 + h) * 112);
+      }
+    }
+  }
+  run_attention(copied, shape, 1, Backend::kAuto);
+  for (int64_t i = 0; i < 2 * 3 * 16; ++i) {
+    ASSERT_EQ(shared.output.data_as<float>()[i], copied.output.data_as<float>()[i]) << i;
+  }
 }
 
 TEST(BenchMeasure, TimeRepeatedCallsWarmUpThenOncePerRepetitionAtMinTimeZero) {

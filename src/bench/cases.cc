@@ -15,7 +15,7 @@ double AttentionShape::flops() const {
 }
 
 double AttentionShape::key_value_bytes() const {
-  return 2.0 * static_cast<double>(batch * heads) * static_cast<double>(key_len) *
+  return 2.0 * static_cast<double>(batch * (shared_kv ? 1 : heads)) * static_cast<double>(key_len) *
          static_cast<double>(head_dim) * sizeof(float);
 }
 
@@ -125,6 +125,12 @@ const std::vector<BenchCase>& bench_cases() {
        .workload = Workload::kAttentionBackward,
        .target = {TargetKind::kMinGflops, 265},
        .summary = "s4-causal's backward"},
+      // Not in issue 3's table: decode with one K/V head for all 32 query heads (multi-query
+      // attention), K and V (1 MiB each) passed with stride 0 over the heads.
+      {.name = "decode-mqa",
+       .shape = {1, 32, 1, 8192, 128, false, true},
+       .target = {TargetKind::kNone, 0},
+       .summary = "decode with one K/V head shared by the 32 query heads (stride 0)"},
   };
   return cases;
 }
@@ -156,10 +162,26 @@ void fill_uniform(Tensor& tensor, uint64_t seed) {
 
 }  // namespace
 
+namespace {
+// (B, kv heads, Lk, E) storage as (B, H, Lk, E): stride 0 over the heads when it holds one.
+TensorView over_heads(const Tensor& t, int64_t heads) {
+  const Shape& s = t.shape();
+  if (s[1] == heads) return t.view();
+  // The attention only reads inputs: the view's non-const pointer is never written through.
+  return TensorView(const_cast<float*>(t.data_as<float>()), DType::kFloat32,
+                    Shape{s[0], heads, s[2], s[3]}, Shape{s[1] * s[2] * s[3], 0, s[3], 1});
+}
+}  // namespace
+
+TensorView CaseTensors::key_view() const { return over_heads(key, heads); }
+TensorView CaseTensors::value_view() const { return over_heads(value, heads); }
+
 CaseTensors make_case_tensors(const AttentionShape& shape, bool need_weights) {
   const Shape query_shape{shape.batch, shape.heads, shape.query_len, shape.head_dim};
-  const Shape key_shape{shape.batch, shape.heads, shape.key_len, shape.head_dim};
+  const Shape key_shape{shape.batch, shape.shared_kv ? 1 : shape.heads, shape.key_len,
+                        shape.head_dim};
   CaseTensors tensors;
+  tensors.heads = shape.heads;
   tensors.query = Tensor(DType::kFloat32, query_shape);
   tensors.key = Tensor(DType::kFloat32, key_shape);
   tensors.value = Tensor(DType::kFloat32, key_shape);
@@ -190,7 +212,7 @@ std::function<void()> make_backward_workload(const AttentionShape& s, int num_th
   st.options.num_threads = num_threads;
   st.options.need_logsumexp = true;
   AttentionResult forward = scaled_dot_product_attention(
-      st.tensors.query.view(), st.tensors.key.view(), st.tensors.value.view(), st.options);
+      st.tensors.query.view(), st.tensors.key_view(), st.tensors.value_view(), st.options);
   st.tensors.output = std::move(forward.output);
   st.logsumexp = std::move(forward.logsumexp);
   st.grad_output = Tensor(DType::kFloat32, st.tensors.query.shape());
@@ -201,7 +223,7 @@ std::function<void()> make_backward_workload(const AttentionShape& s, int num_th
   return [state] {
     State& t = *state;
     scaled_dot_product_attention_backward_into(
-        t.grad_output.view(), t.tensors.query.view(), t.tensors.key.view(), t.tensors.value.view(),
+        t.grad_output.view(), t.tensors.query.view(), t.tensors.key_view(), t.tensors.value_view(),
         t.tensors.output.view(), t.logsumexp.view(),
         {t.grad_query.view(), t.grad_key.view(), t.grad_value.view(), {}}, t.options);
   };
@@ -244,7 +266,7 @@ void run_attention(CaseTensors& tensors, const AttentionShape& shape, int num_th
   options.backend = backend;
   options.need_weights = !tensors.weights.empty();
   const TensorView weights_view = tensors.weights.view();
-  scaled_dot_product_attention_into(tensors.query.view(), tensors.key.view(), tensors.value.view(),
+  scaled_dot_product_attention_into(tensors.query.view(), tensors.key_view(), tensors.value_view(),
                                     tensors.output.view(),
                                     options.need_weights ? &weights_view : nullptr, options);
 }

@@ -22,10 +22,13 @@ struct AttentionShape {
   int64_t key_len = 1;
   int64_t head_dim = 1;
   bool causal = false;
+  // Key and value of one head shared by all heads (multi-query attention): stored as
+  // (batch, 1, key_len, head_dim) and passed as a view with stride 0 over the heads.
+  bool shared_kv = false;
 
   // attend::attention_flops(batch·heads, Lq, Lk, E, E, causal): the shared formula.
   double flops() const;
-  // Bytes of K and V read once: 2·B·H·Lk·E·4 (float32).
+  // Bytes of K and V read once: 2·B·H·Lk·E·4 (float32); H = 1 with shared_kv.
   double key_value_bytes() const;
   // Bytes of the float32 weights (B, H, Lq, Lk).
   double weights_bytes() const;
@@ -83,6 +86,11 @@ std::string known_case_names();
 struct CaseTensors {
   Tensor query, key, value, output;
   Tensor weights;  // empty unless weights were requested
+  // key and value as the attention sees them: (B, H, Lk, E), stride 0 over the heads when
+  // they hold one head (shared_kv).
+  TensorView key_view() const;
+  TensorView value_view() const;
+  int64_t heads = 1;
 };
 
 // Query, key and value filled with deterministic pseudo-random values in [-1, 1); output and
