@@ -1148,7 +1148,7 @@ void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, 
   for (int r = 0; r < G; ++r) {
     const int64_t b = across ? b0 + r : b0;
     Tile& tile = ws.tiles[across ? r : 0];
-    if (ws.tile_batch[across ? r : 0] != b) {  // reuse the base pointers: MakeTile divides
+    if (ws.tile_batch[across ? r : 0] != b) {  // reuse the base pointers (finding them divides)
       SetTileBatch(p, b, tile);
       ws.tile_batch[across ? r : 0] = b;
     }
@@ -1194,7 +1194,7 @@ void RunAllTiles(const SdpaParams& p) {
       });
 }
 
-// Row kernel while a query tile would be at most half full; else query tiles of as many
+// Row groups while a query tile would be at most half full; else query tiles of as many
 // vectors as the queries fill, up to 4.
 void FusedSdpa(const SdpaParams& p) {
   if (2 * p.query_len <= kLanes) return RunAllRows(p);
