@@ -696,32 +696,7 @@ HWY_INLINE void Dot4(const float* HWY_RESTRICT a, const float* b0, const float* 
   out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
 
-// x86 targets with whole 128-bit blocks (SSE4: 1, AVX2: 2, AVX3: 4 blocks of 4 lanes).
-#undef ATTEND_DOT_QUAD
-#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
-#define ATTEND_DOT_QUAD 1
-// [Σ acc0, Σ acc1, Σ acc2, Σ acc3] in lanes 0..3 of every 128-bit block: the accumulators
-// are transposed and added in registers (two interleave levels within blocks, then a sum
-// across blocks) instead of four horizontal sums that each end in a scalar.
-HWY_INLINE VF QuadSums(VF acc0, VF acc1, VF acc2, VF acc3) {
-  const DF d;
-  // Per block: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, d.
-  const VF ab = hn::Add(hn::InterleaveLower(d, acc0, acc1), hn::InterleaveUpper(d, acc0, acc1));
-  const VF cd = hn::Add(hn::InterleaveLower(d, acc2, acc3), hn::InterleaveUpper(d, acc2, acc3));
-  // Per block: [Σa, Σb, Σc, Σd] of the block's lanes.
-  const hn::Repartition<double, DF> d64;
-  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
-  VF quad = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, cd64)),
-                    hn::BitCast(d, hn::InterleaveUpper(d64, ab64, cd64)));
-#if HWY_TARGET <= HWY_AVX3
-  quad = hn::Add(quad, VF{_mm512_shuffle_f32x4(quad.raw, quad.raw, _MM_SHUFFLE(1, 0, 3, 2))});
-  quad = hn::Add(quad, VF{_mm512_shuffle_f32x4(quad.raw, quad.raw, _MM_SHUFFLE(2, 3, 0, 1))});
-#elif HWY_TARGET == HWY_AVX2
-  quad = hn::Add(quad, VF{_mm256_permute2f128_ps(quad.raw, quad.raw, 1)});
-#endif
-  return quad;
-}
-
+#if ATTEND_QUAD_SUMS
 // Scores of keys [0, key_end) for G rows, four keys at a time (E a multiple of kLanes):
 // scores[r][j] = q_r·k_r,j, stored as whole vectors; lanes past key_end are left unset in
 // the last vector (the caller pads them). kShared: the rows share one K (key[0]), each of
@@ -787,9 +762,7 @@ HWY_INLINE void QuadScores(const float* const* query, const float* const* key, i
     }
   }
 }
-#else
-#define ATTEND_DOT_QUAD 0
-#endif
+#endif  // ATTEND_QUAD_SUMS
 
 // Scores of keys [0, key_end) for one row with any E: Dot4 and a scalar tail, each score
 // put into its lane of a register vector that is stored whole (a vector load of bytes
@@ -1050,7 +1023,7 @@ class RowGroupAttention {
 
  private:
   void ComputeDots(int64_t key_end, bool shared) {
-#if ATTEND_DOT_QUAD
+#if ATTEND_QUAD_SUMS
     if (p_.head_dim % kLanes == 0) {
       if (shared) {
         QuadScores<G, true>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,

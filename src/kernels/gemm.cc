@@ -23,6 +23,9 @@
 #include "attend/error.hpp"
 #include "kernels/gemm.hpp"
 
+// QuadSums, once per target.
+#include "kernels/kernel_common-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
 namespace HWY_NAMESPACE {
@@ -146,7 +149,8 @@ constexpr MicroKernelFn kMicroKernels[kMicroRows + 1] = {
 // Few rows (a phrase, a decoding step): packing the weight would cost more than the product,
 // so each output is a dot product of an input row with a weight row, both read in place:
 // blocks of 4 weight rows × R input rows (4·R accumulators, lanes along K, then one
-// horizontal sum per output), so each weight vector loaded serves R rows.
+// horizontal sum per output, four at a time where QuadSums exists), so each weight vector
+// loaded serves R rows.
 //   output[m][n] = bias[n] + Σ_k input[m][k]·weight[n][k]
 template <int R>
 HWY_INLINE void FewRowsBlock(const LinearParams& p, int64_t m0, int64_t n0) {
@@ -174,7 +178,14 @@ HWY_INLINE void FewRowsBlock(const LinearParams& p, int64_t m0, int64_t n0) {
   }
   for (int r = 0; r < R; ++r) {
     float sums[4];
+#if ATTEND_QUAD_SUMS
+    // The four sums reduced together (a quarter of the shuffles of four horizontal sums).
+    HWY_ALIGN float quad[kLanes];
+    hn::Store(QuadSums(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), d, quad);
+    for (int c = 0; c < 4; ++c) sums[c] = quad[c];
+#else
     for (int c = 0; c < 4; ++c) sums[c] = hn::GetLane(hn::SumOfLanes(d, acc[r][c]));
+#endif
     for (int64_t kk = k; kk < p.depth; ++kk) {
       for (int c = 0; c < 4; ++c) sums[c] += x[r][kk] * w[c][kk];
     }

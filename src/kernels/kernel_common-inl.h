@@ -1,6 +1,7 @@
-// kernel_common-inl.h: what the forward and backward attention kernels share, compiled once
-// per Highway target (include it after foreach_target.h, as Highway's -inl.h headers): 2^x,
-// kLog2e, the FTZ/DAZ guard and the parallel loop over work items.
+// kernel_common-inl.h: what the forward and backward attention kernels (and the projection
+// GEMM) share, compiled once per Highway target (include it after foreach_target.h, as
+// Highway's -inl.h headers): 2^x, kLog2e, four horizontal sums at once, the FTZ/DAZ guard
+// and the parallel loop over work items.
 #if defined(ATTEND_KERNELS_KERNEL_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTEND_KERNELS_KERNEL_COMMON_INL_H_
 #undef ATTEND_KERNELS_KERNEL_COMMON_INL_H_
@@ -30,6 +31,36 @@ using VF = hn::Vec<DF>;
 constexpr int64_t kLanes = static_cast<int64_t>(hn::MaxLanes(DF()));
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// x86 targets, whose vectors are whole 128-bit blocks (SSSE3/SSE4: 1, AVX2: 2, AVX3: 4).
+#undef ATTEND_QUAD_SUMS
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
+#define ATTEND_QUAD_SUMS 1
+// [Σ acc0, Σ acc1, Σ acc2, Σ acc3] in lanes 0..3 of every 128-bit block: the accumulators
+// are transposed and added in registers (two interleave levels within blocks, then a sum
+// across blocks) instead of four horizontal sums that each end in a scalar. Each result
+// lane adds one accumulator's lanes only, in an order independent of the other three.
+HWY_INLINE VF QuadSums(VF acc0, VF acc1, VF acc2, VF acc3) {
+  const DF d;
+  // Per block: [a0+a2, b0+b2, a1+a3, b1+b3] and the same for c, d.
+  const VF ab = hn::Add(hn::InterleaveLower(d, acc0, acc1), hn::InterleaveUpper(d, acc0, acc1));
+  const VF cd = hn::Add(hn::InterleaveLower(d, acc2, acc3), hn::InterleaveUpper(d, acc2, acc3));
+  // Per block: [Σa, Σb, Σc, Σd] of the block's lanes.
+  const hn::Repartition<double, DF> d64;
+  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
+  VF quad = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, cd64)),
+                    hn::BitCast(d, hn::InterleaveUpper(d64, ab64, cd64)));
+#if HWY_TARGET <= HWY_AVX3
+  quad = hn::Add(quad, VF{_mm512_shuffle_f32x4(quad.raw, quad.raw, _MM_SHUFFLE(1, 0, 3, 2))});
+  quad = hn::Add(quad, VF{_mm512_shuffle_f32x4(quad.raw, quad.raw, _MM_SHUFFLE(2, 3, 0, 1))});
+#elif HWY_TARGET == HWY_AVX2
+  quad = hn::Add(quad, VF{_mm256_permute2f128_ps(quad.raw, quad.raw, 1)});
+#endif
+  return quad;
+}
+#else
+#define ATTEND_QUAD_SUMS 0
+#endif
 
 // 2^f for |f| <= 1/2: 1 + f·(c1 + c2·f + ... + c5·f^4), fitted for least relative error on
 // Chebyshev nodes (float32 coefficients). Evaluated in float32 its relative error is below
