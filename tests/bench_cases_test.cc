@@ -240,6 +240,18 @@ int run_cli(std::vector<std::string> arguments, std::string* out, std::string* e
   return status;
 }
 
+// `out` must hold exactly one non-empty line: parsed into *record (the text into *line).
+void parse_only_line(const std::string& out, nlohmann::json* record, std::string* line) {
+  std::istringstream lines(out);
+  std::vector<std::string> nonempty;
+  for (std::string text; std::getline(lines, text);) {
+    if (!text.empty()) nonempty.push_back(text);
+  }
+  ASSERT_EQ(nonempty.size(), 1u) << out;
+  *line = nonempty[0];
+  *record = nlohmann::json::parse(*line);
+}
+
 TEST(BenchCommand, JsonLineHasTheRequiredKeys) {
   std::string out, err;
   ASSERT_EQ(
@@ -247,16 +259,12 @@ TEST(BenchCommand, JsonLineHasTheRequiredKeys) {
               &out, &err),
       0)
       << err;
-  std::istringstream lines(out);
-  std::vector<std::string> nonempty;
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty()) nonempty.push_back(line);
-  }
-  ASSERT_EQ(nonempty.size(), 1u) << out;
-  const nlohmann::json record = nlohmann::json::parse(nonempty[0]);
+  nlohmann::json record;
+  std::string line;
+  ASSERT_NO_FATAL_FAILURE(parse_only_line(out, &record, &line));
   for (const char* key : {"case", "B", "H", "Lq", "Lk", "E", "causal", "threads", "median_us",
                           "gflops", "peak_gflops", "pct_peak", "simd_target"}) {
-    EXPECT_TRUE(record.contains(key)) << "missing " << key << " in " << nonempty[0];
+    EXPECT_TRUE(record.contains(key)) << "missing " << key << " in " << line;
   }
   EXPECT_EQ(record["case"], "phrase");
   EXPECT_EQ(record["H"], 8);
@@ -267,7 +275,7 @@ TEST(BenchCommand, JsonLineHasTheRequiredKeys) {
   EXPECT_NE(err.find("FMA peak:"), std::string::npos) << err;
   EXPECT_NE(err.find("[1/1] phrase"), std::string::npos) << err;
   // Only the memory-bound case (decode) measures the read bandwidth and reports against it.
-  EXPECT_FALSE(record.contains("read_gbps")) << nonempty[0];
+  EXPECT_FALSE(record.contains("read_gbps")) << line;
   EXPECT_EQ(err.find("Read bandwidth"), std::string::npos) << err;
 }
 
@@ -279,17 +287,13 @@ TEST(BenchCommand, DecodeJsonLineHasTheReadBandwidthKeys) {
                     &out, &err),
             0)
       << err;
-  std::istringstream lines(out);
-  std::vector<std::string> nonempty;
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty()) nonempty.push_back(line);
-  }
-  ASSERT_EQ(nonempty.size(), 1u) << out;
-  const nlohmann::json record = nlohmann::json::parse(nonempty[0]);
+  nlohmann::json record;
+  std::string line;
+  ASSERT_NO_FATAL_FAILURE(parse_only_line(out, &record, &line));
   EXPECT_EQ(record["case"], "decode");
   EXPECT_EQ(record["threads"], 2);
   for (const char* key : {"gbps", "read_gbps", "pct_read"}) {
-    ASSERT_TRUE(record.contains(key)) << "missing " << key << " in " << nonempty[0];
+    ASSERT_TRUE(record.contains(key)) << "missing " << key << " in " << line;
     EXPECT_GT(record[key].get<double>(), 0.0) << key;
   }
   EXPECT_NEAR(record["pct_read"].get<double>(),
