@@ -53,7 +53,8 @@ constexpr int kMaxQueryVectors = 4;
 // Register blocks: the query vectors of a tile (QV, up to 4) × kScoreKeys keys of score
 // accumulators, and the same query vectors × kValueColumns value columns of output
 // accumulators, kAccumulators in all. 32-register targets: 24 (4×6: 4 + 6 loads per 24
-// FMAs; 2×12 for tiles of 2 vectors, measured 17 % faster than 2×6 at Lq = 32, E = 64).
+// FMAs; 2×12 for tiles of 2 vectors: 0–17 % faster than 2×6 at Lq = 32, E = 64 in two
+// noisy comparisons).
 // 16-register targets: 8, leaving room for the operands.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kAccumulators = 24;
