@@ -98,48 +98,59 @@ BenchSettings parse_settings(const BenchArguments& arguments) {
   return settings;
 }
 
-// The FMA peak at a thread count, measured once per count and printed when first measured.
-class PeakTable {
+// A probe's result per thread count, measured on first use (printed to stderr then) and
+// kept for the rest of the run.
+template <class Result>
+class ProbeTable {
  public:
-  const bench::FmaPeak& at(int threads) {
-    auto found = peaks_.find(threads);
-    if (found != peaks_.end()) return found->second;
-    const bench::FmaPeak peak = bench::measure_fma_peak(threads);
-    std::fprintf(stderr, "FMA peak: %.0f GFLOP/s (%s, %d thread%s)\n", peak.gflops,
-                 peak.target.c_str(), threads, threads == 1 ? "" : "s");
-    return peaks_.emplace(threads, peak).first->second;
+  using Measure = Result (*)(int threads);
+  using Describe = std::string (*)(const Result&, int threads);
+  ProbeTable(Measure measure, Describe describe) : measure_(measure), describe_(describe) {}
+
+  const Result& at(int threads) {
+    auto found = results_.find(threads);
+    if (found != results_.end()) return found->second;
+    const Result result = measure_(threads);
+    std::fprintf(stderr, "%s\n", describe_(result, threads).c_str());
+    return results_.emplace(threads, result).first->second;
+  }
+  // "FMA peak: ..." lines for the table's footer, in thread-count order.
+  std::vector<std::string> lines() const {
+    std::vector<std::string> out;
+    for (const auto& [threads, result] : results_) out.push_back(describe_(result, threads));
+    return out;
   }
 
-  const std::map<int, bench::FmaPeak>& measured() const { return peaks_; }
-
  private:
-  std::map<int, bench::FmaPeak> peaks_;
+  Measure measure_;
+  Describe describe_;
+  std::map<int, Result> results_;
 };
 
-// The read bandwidth at a thread count, measured once per count, on first use (so just
-// before the first memory-bound case: its buffer is freed again before any later case, and
-// the peak RSS of cases run before it does not include it), printed when measured.
-class ReadBandwidthTable {
- public:
-  const bench::ReadBandwidth& at(int threads) {
-    auto found = bandwidths_.find(threads);
-    if (found != bandwidths_.end()) return found->second;
-    const bench::ReadBandwidth bandwidth = bench::measure_read_bandwidth(threads);
-    std::fprintf(stderr, "Read bandwidth: %.1f GB/s (%d thread%s)\n", bandwidth.gbps, threads,
-                 threads == 1 ? "" : "s");
-    return bandwidths_.emplace(threads, bandwidth).first->second;
-  }
+std::string plural_threads(int threads) {
+  return std::to_string(threads) + (threads == 1 ? " thread" : " threads");
+}
 
-  const std::map<int, bench::ReadBandwidth>& measured() const { return bandwidths_; }
-
- private:
-  std::map<int, bench::ReadBandwidth> bandwidths_;
-};
-
-// The probes measured once per run and shared by the cases.
+// The probes measured once per run and shared by the cases: the FMA peak (every case) and,
+// on first use, the read bandwidth (just before the first memory-bound case: its buffer is
+// freed before any later case, and the peak RSS of cases run before it does not include it).
 struct Probes {
-  PeakTable peaks;
-  ReadBandwidthTable read_bandwidths;
+  ProbeTable<bench::FmaPeak> peaks{
+      [](int threads) { return bench::measure_fma_peak(threads); },
+      [](const bench::FmaPeak& peak, int threads) {
+        char text[96];
+        std::snprintf(text, sizeof(text), "FMA peak: %.0f GFLOP/s (%s, %s)", peak.gflops,
+                      peak.target.c_str(), plural_threads(threads).c_str());
+        return std::string(text);
+      }};
+  ProbeTable<bench::ReadBandwidth> read_bandwidths{
+      [](int threads) { return bench::measure_read_bandwidth(threads); },
+      [](const bench::ReadBandwidth& bandwidth, int threads) {
+        char text[96];
+        std::snprintf(text, sizeof(text), "Read bandwidth: %.1f GB/s (%s)", bandwidth.gbps,
+                      plural_threads(threads).c_str());
+        return std::string(text);
+      }};
 };
 
 // Median seconds per call of one problem on `threads` threads.
@@ -297,13 +308,9 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
                 bench::describe_target(c.target).c_str(),
                 c.target.kind == TargetKind::kNone ? "-" : (met ? "met" : "MISSED"));
   }
-  for (const auto& [threads, peak] : probes.peaks.measured()) {
-    std::printf("FMA peak: %.0f GFLOP/s (%s, %d thread%s)\n", peak.gflops, peak.target.c_str(),
-                threads, threads == 1 ? "" : "s");
-  }
-  for (const auto& [threads, bandwidth] : probes.read_bandwidths.measured()) {
-    std::printf("Read bandwidth: %.1f GB/s (%d thread%s)\n", bandwidth.gbps, threads,
-                threads == 1 ? "" : "s");
+  for (const std::string& line : probes.peaks.lines()) std::printf("%s\n", line.c_str());
+  for (const std::string& line : probes.read_bandwidths.lines()) {
+    std::printf("%s\n", line.c_str());
   }
   std::printf(
       "FLOPs: attend::attention_flops (4*B*H*Lq*Lk*E, halved when causal), 2.5x that for the "
