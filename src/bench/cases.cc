@@ -30,6 +30,10 @@ double BenchCase::flops() const {
                                   shape.head_dim, shape.head_dim, shape.causal);
 }
 
+bool BenchCase::memory_bound() const {
+  return workload == Workload::kAttention && shape.query_len == 1;
+}
+
 std::string describe_target(const CaseTarget& target) {
   char text[64];
   switch (target.kind) {
@@ -131,6 +135,12 @@ const std::vector<BenchCase>& bench_cases() {
        .shape = {1, 32, 1, 8192, 128, false, true},
        .target = {TargetKind::kNone, 0},
        .summary = "decode with one K/V head shared by the 32 query heads (stride 0)"},
+      // Not in issue 3's table: decode with few heads over a long cache, one row group on
+      // AVX-512: both cores busy only through the key split.
+      {.name = "decode-4heads",
+       .shape = {1, 4, 1, 32768, 128, false},
+       .target = {TargetKind::kNone, 0},
+       .summary = "one query on each of 4 heads against a 32768-entry KV cache"},
   };
   return cases;
 }

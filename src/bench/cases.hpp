@@ -73,6 +73,9 @@ struct BenchCase {
 
   // FLOPs of one call: shape.flops(), or attention_backward_flops for kAttentionBackward.
   double flops() const;
+  // Decoding (one query per head, attention alone): bounded by reading K and V, so reported
+  // in GB/s of K/V beside the read bandwidth probe.
+  bool memory_bound() const;
 };
 
 // The table, in the order `attend bench` runs it.

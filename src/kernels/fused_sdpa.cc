@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
@@ -118,6 +119,29 @@ struct Tile {
   const uint8_t* mask;
   const float* bias;
 };
+
+// A row that saw no key at all (every key masked or causally hidden): zeros with
+// zero_fully_masked_rows, else what the listing computes when every score is -1e9: uniform
+// weights 1/Lk over all keys (then dropout), output = their average of V.
+void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query) {
+  float* o = tile.output + query * p.output_strides.row;
+  float* w = tile.weights ? tile.weights + query * p.weights_strides.row : nullptr;
+  std::fill_n(o, p.value_dim, 0.0f);
+  if (p.zero_fully_masked_rows) {
+    if (w) std::fill_n(w, p.key_len, 0.0f);
+    return;
+  }
+  const uint32_t threshold = dropout_threshold(p.dropout);
+  const float uniform = 1.0f / static_cast<float>(p.key_len);
+  const float kept = static_cast<float>(uniform / (1.0 - static_cast<double>(p.dropout)));
+  for (int64_t j = 0; j < p.key_len; ++j) {
+    float weight = uniform;
+    if (p.dropout > 0) weight = dropout_keep(p.seed, threshold, tile.batch, query, j) ? kept : 0.0f;
+    if (w) w[j] = weight;
+    const float* v = tile.value + j * p.value_strides.row;
+    for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * v[c];
+  }
+}
 
 // score_t[j][q] = Σ_e query_t[e][q]·K[k0 + j][e] for KEYS keys starting at key_row:
 // a KEYS × QV register block of accumulators, K entries broadcast from memory.
@@ -570,34 +594,9 @@ class TileAttention {
     }
   }
 
-  // Rows that saw no key at all: zeros with zero_fully_masked_rows, else what the listing
-  // computes when every score is -1e9: uniform weights 1/Lk over all keys (then dropout).
   void FixFullyExcludedRows(const Tile& tile) {
-    const uint32_t threshold = dropout_threshold(p_.dropout);
-    const double keep_scale = 1.0 / (1.0 - static_cast<double>(p_.dropout));
     for (int64_t r = 0; r < tile.rows; ++r) {
-      if (ws_.visible[r]) continue;
-      const int64_t query = tile.first_query + r;
-      float* o = tile.output + query * p_.output_strides.row;
-      float* w = tile.weights ? tile.weights + query * p_.weights_strides.row : nullptr;
-      if (p_.zero_fully_masked_rows) {
-        std::fill_n(o, p_.value_dim, 0.0f);
-        if (w) std::fill_n(w, p_.key_len, 0.0f);
-        continue;
-      }
-      std::fill_n(o, p_.value_dim, 0.0f);
-      const float uniform = 1.0f / static_cast<float>(p_.key_len);
-      for (int64_t j = 0; j < p_.key_len; ++j) {
-        float weight = uniform;
-        if (p_.dropout > 0) {
-          weight = dropout_keep(p_.seed, threshold, tile.batch, query, j)
-                       ? static_cast<float>(uniform * keep_scale)
-                       : 0.0f;
-        }
-        if (w) w[j] = weight;
-        const float* v = tile.value + j * p_.value_strides.row;
-        for (int64_t c = 0; c < p_.value_dim; ++c) o[c] += weight * v[c];
-      }
+      if (!ws_.visible[r]) WriteFullyExcludedRow(p_, tile, tile.first_query + r);
     }
   }
 
@@ -671,6 +670,23 @@ struct RowWorkspace {
   alignas(64) float inline_out_[kRowGroup * kInlineValueDim];
   hwy::AlignedFreeUniquePtr<float[]> heap_scores_;
   hwy::AlignedFreeUniquePtr<float[]> heap_out_;
+};
+
+// What one chunk of a key split leaves for the merge, per row r of its group.
+struct PartialRows {
+  float* out;  // [kRowGroup][out_stride]: Σ_j 2^(s_j − m)·keep_j·v_j / (1 − p) over the chunk
+  int64_t out_stride;
+  float* max;        // [kRowGroup]: m = max_j s_j (log2 domain), -inf when no key is visible
+  float* sum;        // [kRowGroup]: l = Σ_j 2^(s_j − m)
+  uint8_t* visible;  // [kRowGroup]: some key of the chunk neither masked nor hidden
+};
+
+// The keys a row group runs over: [begin, begin + count), all of them (count = Lk, no
+// partial) or one chunk of a key split, whose unnormalized results go to `partial`.
+struct KeySpan {
+  int64_t begin;
+  int64_t count;
+  const PartialRows* partial;
 };
 
 // Σ_e a[e]·b[e] for four rows b0..b3 at once (lanes along e, scalar tail).
@@ -865,20 +881,22 @@ class RowGroupAttention {
   RowGroupAttention(const SdpaParams& p, RowWorkspace& ws) : p_(p), ws_(ws) {}
 
   // Row r of the group: query row queries[r] of the batch index whose operands tiles[r]
-  // points at. shared: every row is of one batch index (they share K and V).
-  void Run(const Tile* const* tiles, const int64_t* queries, bool shared) {
+  // points at, over the keys of `span`. shared: the rows share K and V (one batch index,
+  // or K and V broadcast over the batch dimensions that differ).
+  void Run(const Tile* const* tiles, const int64_t* queries, bool shared, const KeySpan& span) {
     const DF d;
-    int64_t group_key_end = 0;
+    int64_t group_key_end = 0;  // from here on, key indices count from span.begin
     for (int r = 0; r < G; ++r) {
       tile_[r] = tiles[r];
       row_[r] = queries[r];
-      key_end_[r] = p_.causal ? std::clamp<int64_t>(p_.causal_last_key(row_[r]) + 1, 0, p_.key_len)
-                              : p_.key_len;
+      const int64_t key_end =
+          p_.causal ? p_.causal_last_key(row_[r]) + 1 - span.begin : p_.key_len - span.begin;
+      key_end_[r] = std::clamp<int64_t>(key_end, 0, span.count);
       group_key_end = std::max(group_key_end, key_end_[r]);
       scores_[r] = ws_.scores + r * ws_.score_stride;
       query_[r] = tile_[r]->query + row_[r] * p_.query_strides.row;
-      key_[r] = tile_[r]->key;
-      value_[r] = tile_[r]->value;
+      key_[r] = tile_[r]->key + span.begin * p_.key_strides.row;
+      value_[r] = tile_[r]->value + span.begin * p_.value_strides.row;
     }
     const int64_t padded_end = static_cast<int64_t>(
         hwy::RoundUpTo(static_cast<size_t>(group_key_end), static_cast<size_t>(kLanes)));
@@ -895,8 +913,12 @@ class RowGroupAttention {
       const Tile& tile = *tile_[r];
       float* scores = scores_[r];
       max_v[r] = neg_inf;
-      const float* bias = tile.bias ? tile.bias + row_[r] * p_.bias_strides.row : nullptr;
-      const uint8_t* mask = tile.mask ? tile.mask + row_[r] * p_.mask_strides.row : nullptr;
+      const float* bias = tile.bias ? tile.bias + row_[r] * p_.bias_strides.row +
+                                          span.begin * p_.bias_strides.column
+                                    : nullptr;
+      const uint8_t* mask = tile.mask ? tile.mask + row_[r] * p_.mask_strides.row +
+                                            span.begin * p_.mask_strides.column
+                                      : nullptr;
       if (bias == nullptr && mask == nullptr) {
         const VF factor_v = hn::Set(d, factor);
         for (int64_t j = 0; j < padded_end; j += kLanes) {
@@ -946,12 +968,13 @@ class RowGroupAttention {
       }
     }
 
-    // 4. Normalize (into the weights when requested), dropout.
+    // 4. Normalize (into the weights when requested), dropout. A chunk of a key split leaves
+    // the normalization to the merge (and never has weights: see PlanKeySplit).
     const float keep_scale = 1.0f / (1.0f - p_.dropout);
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
       sum_[r] = hn::GetLane(hn::SumOfLanes(d, sum_v[r]));
-      out_factor_[r] = keep_scale / sum_[r];
+      out_factor_[r] = span.partial ? keep_scale : keep_scale / sum_[r];
       float* scores = scores_[r];
       if (tile.weights) {
         const float inv_sum = 1.0f / sum_[r];
@@ -961,7 +984,9 @@ class RowGroupAttention {
       if (p_.dropout > 0) {
         const uint32_t threshold = dropout_threshold(p_.dropout);
         for (int64_t j = 0; j < key_end_[r]; j += 4) {
-          const PhiloxWords draws = dropout_draws(p_.seed, tile.batch, row_[r], j / 4);
+          // span.begin is a multiple of 4: whole words of the row's draws.
+          const PhiloxWords draws =
+              dropout_draws(p_.seed, tile.batch, row_[r], (span.begin + j) / 4);
           for (int64_t w = 0; w < 4 && j + w < key_end_[r]; ++w) {
             if (draws.word[w] < threshold) scores[j + w] = 0.0f;
           }
@@ -973,7 +998,8 @@ class RowGroupAttention {
         std::fill(w + key_end_[r], w + p_.key_len, 0.0f);
       }
       out_[r] = ws_.out + r * ws_.out_stride;
-      dest_[r] = tile.output + row_[r] * p_.output_strides.row;
+      dest_[r] = span.partial ? span.partial->out + r * span.partial->out_stride
+                              : tile.output + row_[r] * p_.output_strides.row;
     }
 
     // 5. Output = P·V·factor, the vector columns in chunks of 256 keys (a chunk of V, up to
@@ -1010,7 +1036,15 @@ class RowGroupAttention {
       if (group_key_end == 0) std::fill_n(dest_[r], p_.value_dim, 0.0f);
     }
 
-    // 6. Log-sum-exp, rows with every key excluded.
+    // 6. Log-sum-exp, rows with every key excluded; or what the merge of a split needs.
+    if (span.partial) {
+      for (int r = 0; r < G; ++r) {
+        span.partial->max[r] = row_max_[r];
+        span.partial->sum[r] = sum_[r];
+        span.partial->visible[r] = visible_[r];
+      }
+      return;
+    }
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
       const bool excluded_row = !visible_[r] && (p_.mask != nullptr || p_.causal);
@@ -1018,7 +1052,7 @@ class RowGroupAttention {
         tile.logsumexp[row_[r] * p_.logsumexp_strides.row] =
             excluded_row ? FullyExcludedLogSumExp(p_) : LogSumExp(row_max_[r], sum_[r]);
       }
-      if (excluded_row) FixFullyExcludedRow(tile, row_[r]);
+      if (excluded_row) WriteFullyExcludedRow(p_, tile, row_[r]);
     }
   }
 
@@ -1039,29 +1073,6 @@ class RowGroupAttention {
     (void)shared;  // RowScores reads each row's own K
     for (int r = 0; r < G; ++r) {
       RowScores(query_[r], key_[r], p_.key_strides.row, p_.head_dim, key_end, scores_[r]);
-    }
-  }
-
-  // Zeros, or the listing's uniform weights 1/Lk over all keys (then dropout).
-  void FixFullyExcludedRow(const Tile& tile, int64_t i) {
-    float* o = tile.output + i * p_.output_strides.row;
-    float* w = tile.weights ? tile.weights + i * p_.weights_strides.row : nullptr;
-    std::fill_n(o, p_.value_dim, 0.0f);
-    if (p_.zero_fully_masked_rows) {
-      if (w) std::fill_n(w, p_.key_len, 0.0f);
-      return;
-    }
-    const uint32_t threshold = dropout_threshold(p_.dropout);
-    const float uniform = 1.0f / static_cast<float>(p_.key_len);
-    const float kept = static_cast<float>(uniform / (1.0 - static_cast<double>(p_.dropout)));
-    for (int64_t j = 0; j < p_.key_len; ++j) {
-      float weight = uniform;
-      if (p_.dropout > 0) {
-        weight = dropout_keep(p_.seed, threshold, tile.batch, i, j) ? kept : 0.0f;
-      }
-      if (w) w[j] = weight;
-      const float* v = tile.value + j * p_.value_strides.row;
-      for (int64_t c = 0; c < p_.value_dim; ++c) o[c] += weight * v[c];
     }
   }
 
@@ -1116,7 +1127,8 @@ double ForwardMultiplyAdds(const SdpaParams& p) {
 // Work items: groups of up to kRowGroup consecutive rows of one batch index or, with one
 // query per batch index (decoding), the rows of up to kRowGroup consecutive batch indices.
 template <int G>
-void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, bool across) {
+void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, bool across,
+                 const KeySpan& span) {
   const Tile* tiles[G];
   int64_t queries[G];
   for (int r = 0; r < G; ++r) {
@@ -1135,25 +1147,136 @@ void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, 
   for (int r = 1; r < G; ++r) {
     shared = shared && tiles[r]->key == tiles[0]->key && tiles[r]->value == tiles[0]->value;
   }
-  RowGroupAttention<G>(p, ws).Run(tiles, queries, shared);
+  RowGroupAttention<G>(p, ws).Run(tiles, queries, shared, span);
+}
+
+// The row groups of a call: item → (first batch index, first query, rows).
+struct RowGroups {
+  bool across;  // one query per batch index: a group spans kRowGroup batch indices
+  int64_t per_batch;
+  int64_t count;
+
+  explicit RowGroups(const SdpaParams& p)
+      : across(p.query_len == 1),
+        per_batch(across ? 1 : (p.query_len + kRowGroup - 1) / kRowGroup),
+        count(across ? (p.batch + kRowGroup - 1) / kRowGroup : p.batch * per_batch) {}
+  int64_t first_batch(int64_t item) const { return across ? item * kRowGroup : item / per_batch; }
+  int64_t first_query(int64_t item) const {
+    return across ? 0 : (item - first_batch(item) * per_batch) * kRowGroup;
+  }
+  int64_t rows(const SdpaParams& p, int64_t item) const {
+    return std::min<int64_t>(kRowGroup, across ? p.batch - first_batch(item)
+                                               : p.query_len - first_query(item));
+  }
+  void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, const KeySpan& span) const {
+    const int64_t b0 = first_batch(item), q0 = first_query(item), n = rows(p, item);
+    if constexpr (kRowGroup == 4) {
+      if (n == 4) return RunRowGroup<4>(p, ws, b0, q0, across, span);
+      if (n == 3) return RunRowGroup<3>(p, ws, b0, q0, across, span);
+    }
+    if (n == 2) return RunRowGroup<2>(p, ws, b0, q0, across, span);
+    RunRowGroup<1>(p, ws, b0, q0, across, span);
+  }
+};
+
+// Key split (FlashDecoding's split-KV): with fewer row groups than kSplitItems (decoding
+// over a long cache with few heads), the keys are cut into chunks that run as separate work
+// items, so that every core reads its share of K and V; the chunks' partial results are
+// then merged by their maxima and sums. The split depends on the shape only, never on the
+// thread count, so results are bitwise the same at any thread count. Chunks are whole
+// multiples of kSplitGranule keys (a multiple of 4, as dropout draws 4 keys per word).
+// Not with weights, whose normalization needs the whole row in one place.
+constexpr int64_t kSplitItems = 16;      // work items wanted: the cores of a large machine
+constexpr int64_t kSplitGranule = 256;   // keys: ≥ 16 KiB of K and V per row at E = 8
+
+struct KeySplit {
+  int64_t chunks;
+  int64_t chunk_len;
+};
+
+KeySplit PlanKeySplit(const SdpaParams& p, int64_t groups) {
+  const int64_t wanted =
+      std::min((kSplitItems + groups - 1) / groups, p.key_len / kSplitGranule);
+  if (p.weights != nullptr || wanted < 2) return {1, p.key_len};
+  const int64_t chunk_len =
+      (p.key_len + wanted * kSplitGranule - 1) / (wanted * kSplitGranule) * kSplitGranule;
+  return {(p.key_len + chunk_len - 1) / chunk_len, chunk_len};
+}
+
+// Output of row r of group `item` from the chunks' partial results: with M = max_c m_c,
+// α_c = 2^(m_c − M): output = Σ_c α_c·o_c / Σ_c α_c·l_c (chunks in order: deterministic).
+void MergeKeySplit(const SdpaParams& p, const RowGroups& groups, const KeySplit& split,
+                   const PartialRows* partials, int64_t item, Tile& tile) {
+  for (int64_t r = 0; r < groups.rows(p, item); ++r) {
+    const int64_t b = groups.first_batch(item) + (groups.across ? r : 0);
+    const int64_t query = groups.across ? 0 : groups.first_query(item) + r;
+    if (tile.batch != b) SetTileBatch(p, b, tile);
+    const PartialRows* chunk = partials + item * split.chunks;
+    float max = -std::numeric_limits<float>::infinity();
+    bool visible = false;
+    for (int64_t c = 0; c < split.chunks; ++c) {
+      max = std::max(max, chunk[c].max[r]);
+      visible = visible || chunk[c].visible[r] != 0;
+    }
+    float* dest = tile.output + query * p.output_strides.row;
+    std::fill_n(dest, p.value_dim, 0.0f);
+    float sum = 0.0f;
+    for (int64_t c = 0; c < split.chunks; ++c) {
+      if (chunk[c].max[r] == -std::numeric_limits<float>::infinity()) continue;  // no keys
+      const float alpha = std::exp2(chunk[c].max[r] - max);
+      sum += alpha * chunk[c].sum[r];
+      const float* out = chunk[c].out + r * chunk[c].out_stride;
+      for (int64_t col = 0; col < p.value_dim; ++col) dest[col] += alpha * out[col];
+    }
+    const float inv_sum = 1.0f / sum;
+    for (int64_t col = 0; col < p.value_dim; ++col) dest[col] *= inv_sum;
+    const bool excluded_row = !visible && (p.mask != nullptr || p.causal);
+    if (tile.logsumexp) {
+      tile.logsumexp[query * p.logsumexp_strides.row] =
+          excluded_row ? FullyExcludedLogSumExp(p) : LogSumExp(max, sum);
+    }
+    if (excluded_row) WriteFullyExcludedRow(p, tile, query);
+  }
 }
 
 void RunAllRows(const SdpaParams& p) {
-  const bool across = p.query_len == 1;
-  const int64_t groups_per_batch = across ? 1 : (p.query_len + kRowGroup - 1) / kRowGroup;
-  const int64_t items = across ? (p.batch + kRowGroup - 1) / kRowGroup : p.batch * groups_per_batch;
+  const RowGroups groups(p);
+  const KeySplit split = PlanKeySplit(p, groups.count);
+  if (split.chunks == 1) {
+    ParallelItems<RowWorkspace>(p, ForwardMultiplyAdds(p), groups.count,
+                                [&](RowWorkspace& ws, int64_t item) {
+                                  groups.Run(p, ws, item, KeySpan{0, p.key_len, nullptr});
+                                });
+    return;
+  }
+  // Partial results of every (group, chunk): kRowGroup rows of out_stride + 3 floats.
+  const int64_t items = groups.count * split.chunks;
+  const auto out_stride = static_cast<int64_t>(
+      hwy::RoundUpTo(static_cast<size_t>(p.value_dim), static_cast<size_t>(kLanes)));
+  const int64_t floats_per_item = kRowGroup * (out_stride + 3);
+  auto buffer = hwy::AllocateAligned<float>(static_cast<size_t>(items * floats_per_item));
+  std::vector<PartialRows> partials(static_cast<size_t>(items));
+  if (!buffer) throw Error("fused attention: out of memory for the key split's partial results");
+  for (int64_t i = 0; i < items; ++i) {
+    float* base = buffer.get() + i * floats_per_item;
+    float* stats = base + kRowGroup * out_stride;
+    partials[static_cast<size_t>(i)] =
+        PartialRows{base, out_stride, stats, stats + kRowGroup,
+                    reinterpret_cast<uint8_t*>(stats + 2 * kRowGroup)};
+  }
   ParallelItems<RowWorkspace>(
       p, ForwardMultiplyAdds(p), items, [&](RowWorkspace& ws, int64_t item) {
-        const int64_t b0 = across ? item * kRowGroup : item / groups_per_batch;
-        const int64_t q0 = across ? 0 : (item - b0 * groups_per_batch) * kRowGroup;
-        const int64_t rows = std::min<int64_t>(kRowGroup, across ? p.batch - b0 : p.query_len - q0);
-        if constexpr (kRowGroup == 4) {
-          if (rows == 4) return RunRowGroup<4>(p, ws, b0, q0, across);
-          if (rows == 3) return RunRowGroup<3>(p, ws, b0, q0, across);
-        }
-        if (rows == 2) return RunRowGroup<2>(p, ws, b0, q0, across);
-        RunRowGroup<1>(p, ws, b0, q0, across);
+        const int64_t chunk = item % split.chunks;
+        const int64_t begin = chunk * split.chunk_len;
+        groups.Run(p, ws, item / split.chunks,
+                   KeySpan{begin, std::min(split.chunk_len, p.key_len - begin),
+                           &partials[static_cast<size_t>(item)]});
       });
+  Tile tile{};
+  tile.batch = -1;
+  for (int64_t item = 0; item < groups.count; ++item) {
+    MergeKeySplit(p, groups, split, partials.data(), item, tile);
+  }
 }
 
 template <int QV>

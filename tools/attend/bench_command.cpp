@@ -4,7 +4,7 @@
 // Measures the FMA peak first (src/bench/fma_peak.hpp), then runs each case of the table
 // (src/bench/cases.hpp): one warm-up call, R repetitions each repeating the call for at least
 // S seconds, the median time per call. FLOPs come from attend::attention_flops only. The
-// memory-bound case (decode) is also compared with the read bandwidth probe
+// memory-bound cases (decoding, Lq = 1) are also compared with the read bandwidth probe
 // (src/bench/read_bandwidth.hpp), measured just before it. Progress goes to stderr; the table
 // (or one JSON object per case and line, with --json) to stdout.
 #include "bench_command.hpp"
@@ -179,7 +179,7 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
   result.bench_case = &c;
   result.threads = c.single_thread ? 1 : settings.threads;
   result.peak_gflops = probes.peaks.at(result.threads).gflops;
-  const bool memory_bound = c.target.kind == TargetKind::kMinGbps;
+  const bool memory_bound = c.memory_bound();
   if (memory_bound) result.read_gbps = probes.read_bandwidths.at(result.threads).gbps;
   if (c.workload == bench::Workload::kAttention) {
     result.timing = time_problem(c.shape, c.need_weights, result.threads, settings);
@@ -257,7 +257,7 @@ nlohmann::json to_json(const CaseResult& r, const std::string& simd_target,
       {"target", bench::describe_target(c.target)},
       {"target_met", bench::target_met(c.target, r.target_measure)},
   };
-  if (c.target.kind == TargetKind::kMinGbps) {
+  if (c.memory_bound()) {
     line["gbps"] = r.gbps;
     line["read_gbps"] = r.read_gbps;
     line["pct_read"] = r.pct_read;
@@ -290,7 +290,7 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
   for (const CaseResult& r : results) {
     const BenchCase& c = *r.bench_case;
     char also[64] = "";
-    if (c.target.kind == TargetKind::kMinGbps) {
+    if (c.memory_bound()) {
       std::snprintf(also, sizeof(also), "%.1f GB/s (%.0f%% of read)", r.gbps, r.pct_read);
     } else if (c.need_weights) {
       std::snprintf(also, sizeof(also), "%.2fx (unet+write)", r.weights_ratio);
