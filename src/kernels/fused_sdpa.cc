@@ -883,7 +883,7 @@ class RowGroupAttention {
   // Row r of the group: query row queries[r] of the batch index whose operands tiles[r]
   // points at, over the keys of `span`. shared: the rows share K and V (one batch index,
   // or K and V broadcast over the batch dimensions that differ).
-  void Run(const Tile* const* tiles, const int64_t* queries, bool shared, const KeySpan& span) {
+  void Run(const Tile* const* tiles, const int64_t* queries, bool shared, KeySpan span) {
     const DF d;
     int64_t group_key_end = 0;  // from here on, key indices count from span.begin
     for (int r = 0; r < G; ++r) {
@@ -954,15 +954,15 @@ class RowGroupAttention {
     }
 
     // 3. Probabilities 2^(s − m) and their sums (m = 0 when every score is -inf).
-    VF sum_v[G];
+    VF sum_v[G], m_v[G];
     for (int r = 0; r < G; ++r) {
       row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v[r]));
+      m_v[r] = hn::Set(d, std::isinf(row_max_[r]) && row_max_[r] < 0 ? 0.0f : row_max_[r]);
       sum_v[r] = hn::Zero(d);
     }
     for (int64_t j = 0; j < padded_end; j += kLanes) {
       for (int r = 0; r < G; ++r) {
-        const float m = std::isinf(row_max_[r]) && row_max_[r] < 0 ? 0.0f : row_max_[r];
-        const VF prob = Exp2(d, hn::Sub(hn::Load(d, scores_[r] + j), hn::Set(d, m)));
+        const VF prob = Exp2(d, hn::Sub(hn::Load(d, scores_[r] + j), m_v[r]));
         hn::Store(prob, d, scores_[r] + j);
         sum_v[r] = hn::Add(sum_v[r], prob);
       }
@@ -1128,7 +1128,7 @@ double ForwardMultiplyAdds(const SdpaParams& p) {
 // query per batch index (decoding), the rows of up to kRowGroup consecutive batch indices.
 template <int G>
 void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, bool across,
-                 const KeySpan& span) {
+                 KeySpan span) {
   const Tile* tiles[G];
   int64_t queries[G];
   for (int r = 0; r < G; ++r) {
@@ -1168,7 +1168,7 @@ struct RowGroups {
     return std::min<int64_t>(kRowGroup, across ? p.batch - first_batch(item)
                                                : p.query_len - first_query(item));
   }
-  void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, const KeySpan& span) const {
+  void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     const int64_t b0 = first_batch(item), q0 = first_query(item), n = rows(p, item);
     if constexpr (kRowGroup == 4) {
       if (n == 4) return RunRowGroup<4>(p, ws, b0, q0, across, span);
