@@ -120,6 +120,24 @@ struct Tile {
   const float* bias;
 };
 
+// What one chunk of a key split (see PlanKeySplit) leaves for the merge, per row r of its
+// work item (a row group or a query tile).
+struct PartialRows {
+  float* out;  // [rows][out_stride]: Σ_j 2^(s_j − m)·keep_j·v_j / (1 − p) over the chunk
+  int64_t out_stride;
+  float* max;        // [rows]: m = max_j s_j (log2 domain), -inf when the chunk ran no key
+  float* sum;        // [rows]: l = Σ_j 2^(s_j − m)
+  uint8_t* visible;  // [rows]: some key neither masked nor hidden
+};
+
+// The keys a work item runs over: [begin, begin + count), all of them (count = Lk, no
+// partial) or one chunk of a key split, whose unnormalized results go to `partial`.
+struct KeySpan {
+  int64_t begin;
+  int64_t count;
+  const PartialRows* partial;
+};
+
 // A row that saw no key at all (every key masked or causally hidden): zeros with
 // zero_fully_masked_rows, else what the listing computes when every score is -1e9: uniform
 // weights 1/Lk over all keys (then dropout), output = their average of V.
@@ -258,13 +276,15 @@ class TileAttention {
 
   TileAttention(const SdpaParams& p, Workspace& ws) : p_(p), ws_(ws) {}
 
-  void Run(const Tile& tile) {
+  // The tile's rows over the keys of `span` (whole key tiles: span.begin is a multiple of
+  // kKeyTile).
+  void Run(const Tile& tile, KeySpan span) {
     LoadQueries(tile);
     // Keys past key_end are excluded by causality for every row of the tile: skipped.
-    int64_t key_end = p_.key_len;
+    int64_t key_end = span.begin + span.count;
     if (p_.causal) {
       key_end = std::clamp<int64_t>(p_.causal_last_key(tile.first_query + tile.rows - 1) + 1, 0,
-                                    p_.key_len);
+                                    key_end);
     }
     std::fill_n(ws_.row_max.get(), kTq, -std::numeric_limits<float>::infinity());
     std::fill_n(ws_.row_sum.get(), kTq, 0.0f);
@@ -276,7 +296,7 @@ class TileAttention {
     // probabilities 2^(s − m_t) are written as they are and rescaled once the final m and
     // l are known, while the tile's rows are still in cache.
     int64_t key_tile_index = 0;
-    for (int64_t k0 = 0; k0 < key_end; k0 += kKeyTile, ++key_tile_index) {
+    for (int64_t k0 = span.begin; k0 < key_end; k0 += kKeyTile, ++key_tile_index) {
       const int64_t keys = std::min(kKeyTile, key_end - k0);
       ComputeScores(tile, k0, keys);
       SoftmaxStep(keys, tile.weights ? ws_.tile_max.get() + key_tile_index * kTq : nullptr);
@@ -284,11 +304,20 @@ class TileAttention {
       if (tile.weights) WriteWeights(tile, k0, keys, key_end);
       AccumulateValues(tile, k0, keys, ws_.alpha.get());
     }
+    if (span.partial) {  // a chunk of a key split (never with weights): for the merge
+      const PartialRows& partial = *span.partial;
+      FinishOutput(tile.rows, partial.out, partial.out_stride, keep_scale, false);
+      std::copy_n(ws_.row_max.get(), tile.rows, partial.max);
+      std::copy_n(ws_.row_sum.get(), tile.rows, partial.sum);
+      std::copy_n(ws_.visible.get(), tile.rows, partial.visible);
+      return;
+    }
     if (tile.weights) {
       if (key_end == 0) WriteWeights(tile, 0, 0, 0);
       RescaleWeights(tile, key_tile_index, keep_scale);
     }
-    FinishOutput(tile, keep_scale);
+    FinishOutput(tile.rows, tile.output + tile.first_query * p_.output_strides.row,
+                 p_.output_strides.row, keep_scale, true);
     const bool may_exclude_rows = p_.mask != nullptr || p_.causal;
     if (tile.logsumexp) {
       for (int64_t r = 0; r < tile.rows; ++r) {
@@ -563,33 +592,32 @@ class TileAttention {
     }
   }
 
-  // output[q0 + r][ev] = out_t[ev][r]·keep_scale / l_r.
-  void FinishOutput(const Tile& tile, float keep_scale) {
+  // out[r][ev] = out_t[ev][r]·keep_scale (/ l_r when `divide`) for rows r < rows, row r at
+  // out + r·out_stride.
+  void FinishOutput(int64_t rows, float* out, int64_t out_stride, float keep_scale, bool divide) {
     const float* out_t = ws_.out_t.get();
 #if ATTEND_BLOCK_SHUFFLES
     if (p_.value_dim % kLanes == 0) {
       const DF d;
-      for (int64_t r0 = 0; r0 < tile.rows; r0 += kLanes) {
-        const int64_t rows = std::min<int64_t>(kLanes, tile.rows - r0);
-        const VF factor = hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r0));
+      for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
+        const int64_t block_rows = std::min<int64_t>(kLanes, rows - r0);
+        const VF factor = divide ? hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r0))
+                                 : hn::Set(d, keep_scale);
         for (int64_t c0 = 0; c0 < p_.value_dim; c0 += kLanes) {
           VF v[kLanes];
           for (int64_t i = 0; i < kLanes; ++i) {
             v[i] = hn::Mul(hn::Load(d, out_t + (c0 + i) * kTq + r0), factor);
           }
           TransposeSquare(v);
-          for (int64_t i = 0; i < rows; ++i) {
-            float* o = tile.output + (tile.first_query + r0 + i) * p_.output_strides.row;
-            hn::StoreU(v[i], d, o + c0);
-          }
+          for (int64_t i = 0; i < block_rows; ++i) hn::StoreU(v[i], d, out + (r0 + i) * out_stride + c0);
         }
       }
       return;
     }
 #endif
-    for (int64_t r = 0; r < tile.rows; ++r) {
-      const float factor = keep_scale / ws_.row_sum[r];
-      float* o = tile.output + (tile.first_query + r) * p_.output_strides.row;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float factor = divide ? keep_scale / ws_.row_sum[r] : keep_scale;
+      float* o = out + r * out_stride;
       for (int64_t c = 0; c < p_.value_dim; ++c) o[c] = out_t[c * kTq + r] * factor;
     }
   }
@@ -670,23 +698,6 @@ struct RowWorkspace {
   alignas(64) float inline_out_[kRowGroup * kInlineValueDim];
   hwy::AlignedFreeUniquePtr<float[]> heap_scores_;
   hwy::AlignedFreeUniquePtr<float[]> heap_out_;
-};
-
-// What one chunk of a key split leaves for the merge, per row r of its group.
-struct PartialRows {
-  float* out;  // [kRowGroup][out_stride]: Σ_j 2^(s_j − m)·keep_j·v_j / (1 − p) over the chunk
-  int64_t out_stride;
-  float* max;        // [kRowGroup]: m = max_j s_j (log2 domain), -inf when no key is visible
-  float* sum;        // [kRowGroup]: l = Σ_j 2^(s_j − m)
-  uint8_t* visible;  // [kRowGroup]: some key of the chunk neither masked nor hidden
-};
-
-// The keys a row group runs over: [begin, begin + count), all of them (count = Lk, no
-// partial) or one chunk of a key split, whose unnormalized results go to `partial`.
-struct KeySpan {
-  int64_t begin;
-  int64_t count;
-  const PartialRows* partial;
 };
 
 // Σ_e a[e]·b[e] for four rows b0..b3 at once (lanes along e, scalar tail).
@@ -1179,115 +1190,137 @@ struct RowGroups {
   }
 };
 
-// Key split (FlashDecoding's split-KV): with fewer row groups than kSplitItems (decoding
-// over a long cache with few heads), the keys are cut into chunks that run as separate work
-// items, so that every core reads its share of K and V; the chunks' partial results are
-// then merged by their maxima and sums. The split depends on the shape only, never on the
-// thread count, so results are bitwise the same at any thread count. Chunks are whole
-// multiples of kSplitGranule keys (a multiple of 4, as dropout draws 4 keys per word).
-// Not with weights, whose normalization needs the whole row in one place.
-constexpr int64_t kSplitItems = 16;      // work items wanted: the cores of a large machine
-constexpr int64_t kSplitGranule = 256;   // keys: ≥ 16 KiB of K and V per row at E = 8
+// Key split (FlashDecoding's split-KV): with fewer work items than kSplitItems (decoding
+// over a long cache with few heads, a few query tiles against many keys), the keys are cut
+// into chunks that run as separate work items, so that every core reads its share of K and
+// V; the chunks' partial results are then merged by their maxima and sums. The split
+// depends on the shape only, never on the thread count, so results are bitwise the same at
+// any thread count. Chunks are whole multiples of kSplitGranule keys (whole key tiles, and
+// a multiple of 4 as dropout draws 4 keys per word). Not with weights, whose normalization
+// needs the whole row in one place.
+constexpr int64_t kSplitItems = 16;     // work items wanted: the cores of a large machine
+constexpr int64_t kSplitGranule = 256;  // keys: ≥ 16 KiB of K and V per row at E = 8
+static_assert(kSplitGranule % kKeyTile == 0 && kSplitGranule % 4 == 0);
 
 struct KeySplit {
   int64_t chunks;
   int64_t chunk_len;
 };
 
-KeySplit PlanKeySplit(const SdpaParams& p, int64_t groups) {
-  const int64_t wanted =
-      std::min((kSplitItems + groups - 1) / groups, p.key_len / kSplitGranule);
+KeySplit PlanKeySplit(const SdpaParams& p, int64_t items) {
+  const int64_t wanted = std::min((kSplitItems + items - 1) / items, p.key_len / kSplitGranule);
   if (p.weights != nullptr || wanted < 2) return {1, p.key_len};
   const int64_t chunk_len =
       (p.key_len + wanted * kSplitGranule - 1) / (wanted * kSplitGranule) * kSplitGranule;
   return {(p.key_len + chunk_len - 1) / chunk_len, chunk_len};
 }
 
-// Output of row r of group `item` from the chunks' partial results: with M = max_c m_c,
-// α_c = 2^(m_c − M): output = Σ_c α_c·o_c / Σ_c α_c·l_c (chunks in order: deterministic).
-void MergeKeySplit(const SdpaParams& p, const RowGroups& groups, const KeySplit& split,
-                   const PartialRows* partials, int64_t item, Tile& tile) {
-  for (int64_t r = 0; r < groups.rows(p, item); ++r) {
-    const int64_t b = groups.first_batch(item) + (groups.across ? r : 0);
-    const int64_t query = groups.across ? 0 : groups.first_query(item) + r;
-    if (tile.batch != b) SetTileBatch(p, b, tile);
-    const PartialRows* chunk = partials + item * split.chunks;
-    float max = -std::numeric_limits<float>::infinity();
-    bool visible = false;
-    for (int64_t c = 0; c < split.chunks; ++c) {
-      max = std::max(max, chunk[c].max[r]);
-      visible = visible || chunk[c].visible[r] != 0;
+// Row r of a work item from its chunks' partial results: with M = max_c m_c and
+// α_c = 2^(m_c − M), output = Σ_c α_c·o_c / Σ_c α_c·l_c (chunks in order: deterministic).
+// `tile` holds the operands of the row's batch index.
+void MergeRow(const SdpaParams& p, const PartialRows* chunks, int64_t count, int64_t r,
+              const Tile& tile, int64_t query) {
+  float max = -std::numeric_limits<float>::infinity();
+  bool visible = false;
+  for (int64_t c = 0; c < count; ++c) {
+    max = std::max(max, chunks[c].max[r]);
+    visible = visible || chunks[c].visible[r] != 0;
+  }
+  float* dest = tile.output + query * p.output_strides.row;
+  std::fill_n(dest, p.value_dim, 0.0f);
+  float sum = 0.0f;
+  for (int64_t c = 0; c < count; ++c) {
+    if (chunks[c].max[r] == -std::numeric_limits<float>::infinity()) continue;  // no keys
+    const float alpha = std::exp2(chunks[c].max[r] - max);
+    sum += alpha * chunks[c].sum[r];
+    const float* out = chunks[c].out + r * chunks[c].out_stride;
+    for (int64_t col = 0; col < p.value_dim; ++col) dest[col] += alpha * out[col];
+  }
+  const float inv_sum = 1.0f / sum;
+  for (int64_t col = 0; col < p.value_dim; ++col) dest[col] *= inv_sum;
+  const bool excluded_row = !visible && (p.mask != nullptr || p.causal);
+  if (tile.logsumexp) {
+    tile.logsumexp[query * p.logsumexp_strides.row] =
+        excluded_row ? FullyExcludedLogSumExp(p) : LogSumExp(max, sum);
+  }
+  if (excluded_row) WriteFullyExcludedRow(p, tile, query);
+}
+
+// Runs the `count` work items of a call (row groups or query tiles of up to `rows` rows)
+// over all keys or, when PlanKeySplit splits them, over each key chunk, then merges each
+// row's chunks. run(ws, item, span) computes one item over one span; locate(item, r, batch,
+// query) names row r of an item, false past its last row.
+template <class Workspace_, class RunItem, class Locate>
+void RunItems(const SdpaParams& p, int64_t count, int64_t rows, const RunItem& run,
+              const Locate& locate) {
+  const KeySplit split = PlanKeySplit(p, count);
+  if (split.chunks == 1) {
+    ParallelItems<Workspace_>(p, ForwardMultiplyAdds(p), count, [&](Workspace_& ws, int64_t item) {
+      run(ws, item, KeySpan{0, p.key_len, nullptr});
+    });
+    return;
+  }
+  // Partial results of every (item, chunk): `rows` rows of out_stride floats, then the
+  // rows' maxima, sums and visible flags.
+  const int64_t items = count * split.chunks;
+  const auto out_stride = static_cast<int64_t>(
+      hwy::RoundUpTo(static_cast<size_t>(p.value_dim), static_cast<size_t>(kLanes)));
+  const int64_t floats_per_item = rows * (out_stride + 3);
+  auto buffer = hwy::AllocateAligned<float>(static_cast<size_t>(items * floats_per_item));
+  if (!buffer) throw Error("fused attention: out of memory for the key split's partial results");
+  std::vector<PartialRows> partials(static_cast<size_t>(items));
+  for (int64_t i = 0; i < items; ++i) {
+    float* base = buffer.get() + i * floats_per_item;
+    float* stats = base + rows * out_stride;
+    partials[static_cast<size_t>(i)] = PartialRows{
+        base, out_stride, stats, stats + rows, reinterpret_cast<uint8_t*>(stats + 2 * rows)};
+  }
+  ParallelItems<Workspace_>(p, ForwardMultiplyAdds(p), items, [&](Workspace_& ws, int64_t i) {
+    const int64_t begin = (i % split.chunks) * split.chunk_len;
+    run(ws, i / split.chunks,
+        KeySpan{begin, std::min(split.chunk_len, p.key_len - begin),
+                &partials[static_cast<size_t>(i)]});
+  });
+  Tile tile{};
+  tile.batch = -1;
+  for (int64_t item = 0; item < count; ++item) {
+    int64_t batch = 0, query = 0;
+    for (int64_t r = 0; r < rows && locate(item, r, batch, query); ++r) {
+      if (tile.batch != batch) SetTileBatch(p, batch, tile);
+      MergeRow(p, partials.data() + item * split.chunks, split.chunks, r, tile, query);
     }
-    float* dest = tile.output + query * p.output_strides.row;
-    std::fill_n(dest, p.value_dim, 0.0f);
-    float sum = 0.0f;
-    for (int64_t c = 0; c < split.chunks; ++c) {
-      if (chunk[c].max[r] == -std::numeric_limits<float>::infinity()) continue;  // no keys
-      const float alpha = std::exp2(chunk[c].max[r] - max);
-      sum += alpha * chunk[c].sum[r];
-      const float* out = chunk[c].out + r * chunk[c].out_stride;
-      for (int64_t col = 0; col < p.value_dim; ++col) dest[col] += alpha * out[col];
-    }
-    const float inv_sum = 1.0f / sum;
-    for (int64_t col = 0; col < p.value_dim; ++col) dest[col] *= inv_sum;
-    const bool excluded_row = !visible && (p.mask != nullptr || p.causal);
-    if (tile.logsumexp) {
-      tile.logsumexp[query * p.logsumexp_strides.row] =
-          excluded_row ? FullyExcludedLogSumExp(p) : LogSumExp(max, sum);
-    }
-    if (excluded_row) WriteFullyExcludedRow(p, tile, query);
   }
 }
 
 void RunAllRows(const SdpaParams& p) {
   const RowGroups groups(p);
-  const KeySplit split = PlanKeySplit(p, groups.count);
-  if (split.chunks == 1) {
-    ParallelItems<RowWorkspace>(p, ForwardMultiplyAdds(p), groups.count,
-                                [&](RowWorkspace& ws, int64_t item) {
-                                  groups.Run(p, ws, item, KeySpan{0, p.key_len, nullptr});
-                                });
-    return;
-  }
-  // Partial results of every (group, chunk): kRowGroup rows of out_stride + 3 floats.
-  const int64_t items = groups.count * split.chunks;
-  const auto out_stride = static_cast<int64_t>(
-      hwy::RoundUpTo(static_cast<size_t>(p.value_dim), static_cast<size_t>(kLanes)));
-  const int64_t floats_per_item = kRowGroup * (out_stride + 3);
-  auto buffer = hwy::AllocateAligned<float>(static_cast<size_t>(items * floats_per_item));
-  std::vector<PartialRows> partials(static_cast<size_t>(items));
-  if (!buffer) throw Error("fused attention: out of memory for the key split's partial results");
-  for (int64_t i = 0; i < items; ++i) {
-    float* base = buffer.get() + i * floats_per_item;
-    float* stats = base + kRowGroup * out_stride;
-    partials[static_cast<size_t>(i)] =
-        PartialRows{base, out_stride, stats, stats + kRowGroup,
-                    reinterpret_cast<uint8_t*>(stats + 2 * kRowGroup)};
-  }
-  ParallelItems<RowWorkspace>(
-      p, ForwardMultiplyAdds(p), items, [&](RowWorkspace& ws, int64_t item) {
-        const int64_t chunk = item % split.chunks;
-        const int64_t begin = chunk * split.chunk_len;
-        groups.Run(p, ws, item / split.chunks,
-                   KeySpan{begin, std::min(split.chunk_len, p.key_len - begin),
-                           &partials[static_cast<size_t>(item)]});
+  RunItems<RowWorkspace>(
+      p, groups.count, kRowGroup,
+      [&](RowWorkspace& ws, int64_t item, KeySpan span) { groups.Run(p, ws, item, span); },
+      [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
+        if (r >= groups.rows(p, item)) return false;
+        batch = groups.first_batch(item) + (groups.across ? r : 0);
+        query = groups.across ? 0 : groups.first_query(item) + r;
+        return true;
       });
-  Tile tile{};
-  tile.batch = -1;
-  for (int64_t item = 0; item < groups.count; ++item) {
-    MergeKeySplit(p, groups, split, partials.data(), item, tile);
-  }
 }
 
 template <int QV>
 void RunAllTiles(const SdpaParams& p) {
   constexpr int64_t tq = QV * kLanes;
   const int64_t tiles_per_batch = (p.query_len + tq - 1) / tq;
-  ParallelItems<Workspace>(
-      p, ForwardMultiplyAdds(p), p.batch * tiles_per_batch, [&](Workspace& ws, int64_t item) {
+  RunItems<Workspace>(
+      p, p.batch * tiles_per_batch, tq,
+      [&](Workspace& ws, int64_t item, KeySpan span) {
         const int64_t q0 = (item % tiles_per_batch) * tq;
         TileAttention<QV> attention(p, ws);
-        attention.Run(MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0)));
+        attention.Run(MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0)),
+                      span);
+      },
+      [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
+        batch = item / tiles_per_batch;
+        query = (item % tiles_per_batch) * tq + r;
+        return query < p.query_len;
       });
 }
 
