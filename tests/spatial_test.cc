@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -140,6 +141,34 @@ TEST(SpatialSelfAttention, MatchesNaiveGroupNormAttentionResidual) {
     EXPECT_EQ(got.shape(), x.shape());
     expect_close(got, naive_spatial(block, x, groups, 4, 1e-5), 32 + 12 + 8 + 32 + 64);
   }
+}
+
+// More pixels than one block of the norm's transposition (64), a partial last block, an
+// input that is not contiguous (the block copies it first), and the thread count.
+TEST(SpatialSelfAttention, LargerImagesStridedInputsAndThreadCounts) {
+  SpatialSelfAttention block(32, 4, {8, 1e-5}, 5);
+  const Tensor scale = pseudo_random(Shape({32}), 8), shift = pseudo_random(Shape({32}), 9);
+  for (int c = 0; c < 32; ++c) {
+    block.norm_weight().data_as<float>()[c] = 1.0f + 0.5f * scale.data_as<float>()[c];
+    block.norm_bias().data_as<float>()[c] = shift.data_as<float>()[c];
+  }
+  const Tensor x = pseudo_random(Shape({2, 32, 9, 10}), 10);  // 90 pixels
+  const Tensor one = block.forward(x.view(), 1);
+  expect_close(one, naive_spatial(block, x, 8, 4, 1e-5), 32 + 90 + 8 + 32 + 64);
+  for (int threads : {2, 3}) {
+    const Tensor many = block.forward(x.view(), threads);
+    EXPECT_EQ(std::memcmp(one.data(), many.data(), one.nbytes()), 0) << threads << " threads";
+  }
+  // The same image stored (N, H, W, C) and viewed as (N, C, H, W).
+  Tensor nhwc(DType::kFloat32, Shape({2, 9, 10, 32}));
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t c = 0; c < 32; ++c)
+      for (int64_t p = 0; p < 90; ++p)
+        nhwc.data_as<float>()[(n * 90 + p) * 32 + c] = x.data_as<float>()[(n * 32 + c) * 90 + p];
+  const TensorView strided(nhwc.data(), DType::kFloat32, x.shape(),
+                           Shape({90 * 32, 1, 10 * 32, 32}));
+  const Tensor from_strided = block.forward(strided, 2);
+  EXPECT_EQ(std::memcmp(one.data(), from_strided.data(), one.nbytes()), 0);
 }
 
 TEST(SpatialSelfAttention, RejectsBadShapes) {

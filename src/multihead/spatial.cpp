@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,8 +17,8 @@
 namespace attend {
 namespace {
 
-// A contiguous float32 copy of a 4-D (N, C, H, W) input, validated.
-Tensor contiguous_image(const char* who, const TensorView& x, int64_t channels) {
+// Validates a 4-D (N, C, H, W) input of `channels` channels.
+void check_image(const char* who, const TensorView& x, int64_t channels) {
   if (x.rank() != 4) {
     throw Error(std::string(who) + ": input " + x.shape.str() + " should be (N, C, H, W)");
   }
@@ -33,9 +34,29 @@ Tensor contiguous_image(const char* who, const TensorView& x, int64_t channels) 
     throw Error(std::string(who) + ": input " + x.shape.str() + " has " +
                 std::to_string(x.shape[1]) + " channels, expected " + std::to_string(channels));
   }
+}
+
+// A contiguous float32 copy of a 4-D (N, C, H, W) input, validated.
+Tensor contiguous_image(const char* who, const TensorView& x, int64_t channels) {
+  check_image(who, x, channels);
   Tensor image(DType::kFloat32, x.shape);
   convert(x, image.view());
   return image;
+}
+
+// The same input's data as contiguous float32: x's own when it already is, else a copy
+// kept alive in `copy`.
+const float* float32_image(const char* who, const TensorView& x, int64_t channels,
+                           std::optional<Tensor>& copy) {
+  check_image(who, x, channels);
+  if (x.dtype == DType::kFloat32 && x.is_contiguous()) {
+    if (x.data == nullptr && x.numel() > 0) {
+      throw Error(std::string(who) + ": data pointer is null for shape " + x.shape.str());
+    }
+    return x.data_as<const float>();
+  }
+  copy = contiguous_image(who, x, channels);
+  return copy->data_as<const float>();
 }
 
 }  // namespace
@@ -59,39 +80,59 @@ SpatialSelfAttention::SpatialSelfAttention(int64_t channels, int64_t num_heads,
 }
 
 Tensor SpatialSelfAttention::forward(const TensorView& x, int num_threads) const {
-  Tensor image = contiguous_image("SpatialSelfAttention", x, channels_);
+  std::optional<Tensor> copy;  // only when x is not contiguous float32 already
+  const float* in = float32_image("SpatialSelfAttention", x, channels_, copy);
   const int64_t N = x.shape[0], C = channels_, pixels = x.shape[2] * x.shape[3];
-  const float* in = image.data_as<float>();
+  const int threads = num_threads > 0 ? num_threads : default_num_threads();
 
-  // 1. GroupNorm (statistics in float64), written transposed: tokens (N, H·W, C).
+  // 1. GroupNorm (statistics in float64), written transposed: tokens (N, H·W, C). Each
+  // group's sums are taken by one thread in one order, so the bits do not depend on the
+  // thread count.
+  const int64_t groups = std::max<int64_t>(options_.group_norm_groups, 1);
+  const int64_t group_channels = C / groups;
+  const bool normalize = options_.group_norm_groups > 0;
+  // Per (n, c): the group's mean and weight_c / std of the group.
+  std::vector<double> mean(static_cast<size_t>(N * C), 0.0), scale(static_cast<size_t>(N * C), 1.0);
+  if (normalize) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t ng = 0; ng < N * groups; ++ng) {
+      const float* group = in + ng * group_channels * pixels;  // (n, first channel, 0)
+      double sum = 0, sum_squares = 0;
+      for (int64_t k = 0; k < group_channels * pixels; ++k) {
+        const double value = group[k];
+        sum += value;
+        sum_squares += value * value;
+      }
+      const auto count = static_cast<double>(group_channels * pixels);
+      const double group_mean = sum / count;
+      const double variance = std::max(0.0, sum_squares / count - group_mean * group_mean);
+      const double inverse_std = 1.0 / std::sqrt(variance + options_.eps);
+      for (int64_t k = 0; k < group_channels; ++k) {
+        const int64_t c = (ng % groups) * group_channels + k;  // channel within the image
+        mean[static_cast<size_t>(ng * group_channels + k)] = group_mean;
+        scale[static_cast<size_t>(ng * group_channels + k)] =
+            norm_weight_.data_as<float>()[c] * inverse_std;
+      }
+    }
+  }
   Tensor tokens(DType::kFloat32, Shape({N, pixels, C}));
   float* token_data = tokens.data_as<float>();
-  const int64_t groups = options_.group_norm_groups;
-  const int64_t group_channels = groups > 0 ? C / groups : C;
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t first = 0; first < C; first += group_channels) {
-      double mean = 0, inverse_std = 1;
-      if (groups > 0) {
-        double sum = 0, sum_squares = 0;
-        for (int64_t c = first; c < first + group_channels; ++c) {
-          for (int64_t p = 0; p < pixels; ++p) {
-            const double value = in[(n * C + c) * pixels + p];
-            sum += value;
-            sum_squares += value * value;
-          }
-        }
-        const auto count = static_cast<double>(group_channels * pixels);
-        mean = sum / count;
-        const double variance = std::max(0.0, sum_squares / count - mean * mean);
-        inverse_std = 1.0 / std::sqrt(variance + options_.eps);
-      }
-      for (int64_t c = first; c < first + group_channels; ++c) {
-        const double scale = groups > 0 ? norm_weight_.data_as<float>()[c] * inverse_std : 1.0;
-        const double shift = groups > 0 ? norm_bias_.data_as<float>()[c] : 0.0;
-        for (int64_t p = 0; p < pixels; ++p) {
-          token_data[(n * pixels + p) * C + c] =
-              static_cast<float>((in[(n * C + c) * pixels + p] - mean) * scale + shift);
-        }
+  // Blocks of kPixelBlock pixels: the block's C·kPixelBlock floats (32 KiB at C = 128) stay
+  // in L1 while they are written transposed, and every channel's pixels are read in order.
+  constexpr int64_t kPixelBlock = 64;
+  const int64_t blocks = (pixels + kPixelBlock - 1) / kPixelBlock;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t nb = 0; nb < N * blocks; ++nb) {
+    const int64_t n = nb / blocks, p0 = (nb % blocks) * kPixelBlock;
+    const int64_t p1 = std::min(pixels, p0 + kPixelBlock);
+    for (int64_t c = 0; c < C; ++c) {
+      const double channel_mean = mean[static_cast<size_t>(n * C + c)];
+      const double channel_scale = scale[static_cast<size_t>(n * C + c)];
+      const double shift = normalize ? norm_bias_.data_as<float>()[c] : 0.0;
+      const float* source = in + (n * C + c) * pixels;
+      for (int64_t p = p0; p < p1; ++p) {
+        token_data[(n * pixels + p) * C + c] =
+            static_cast<float>((source[p] - channel_mean) * channel_scale + shift);
       }
     }
   }
@@ -103,13 +144,17 @@ Tensor SpatialSelfAttention::forward(const TensorView& x, int num_threads) const
   const TensorView t = tokens.view();
   const Tensor attended = attention_.forward(t, t, t, attend_options).output;
 
-  // 3. Back to (N, C, H, W) and the residual: out(n, c, p) = x(n, c, p) + attended(n, p, c).
+  // 3. Back to (N, C, H, W) and the residual: out(n, c, p) = x(n, c, p) + attended(n, p, c),
+  // in the same pixel blocks.
   Tensor out(DType::kFloat32, x.shape);
   const float* a = attended.data_as<float>();
   float* o = out.data_as<float>();
-  for (int64_t n = 0; n < N; ++n) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t nb = 0; nb < N * blocks; ++nb) {
+    const int64_t n = nb / blocks, p0 = (nb % blocks) * kPixelBlock;
+    const int64_t p1 = std::min(pixels, p0 + kPixelBlock);
     for (int64_t c = 0; c < C; ++c) {
-      for (int64_t p = 0; p < pixels; ++p) {
+      for (int64_t p = p0; p < p1; ++p) {
         o[(n * C + c) * pixels + p] = in[(n * C + c) * pixels + p] + a[(n * pixels + p) * C + c];
       }
     }
