@@ -461,8 +461,7 @@ TEST(SdpaContract, KeySplitResultsDoNotDependOnTheThreadCount) {
     const AttentionResult many = attend(in, options);
     EXPECT_EQ(std::memcmp(one.output.data(), many.output.data(), one.output.nbytes()), 0)
         << "output differs between 1 and " << threads << " threads";
-    EXPECT_EQ(std::memcmp(one.logsumexp.data(), many.logsumexp.data(), one.logsumexp.nbytes()),
-              0)
+    EXPECT_EQ(std::memcmp(one.logsumexp.data(), many.logsumexp.data(), one.logsumexp.nbytes()), 0)
         << "log-sum-exp differs between 1 and " << threads << " threads";
   }
 }

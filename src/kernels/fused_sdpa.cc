@@ -332,8 +332,8 @@ class TileAttention {
     // Keys past key_end are excluded by causality for every row of the tile: skipped.
     int64_t key_end = span.begin + span.count;
     if (p_.causal) {
-      key_end = std::clamp<int64_t>(p_.causal_last_key(tile.first_query + tile.rows - 1) + 1, 0,
-                                    key_end);
+      key_end =
+          std::clamp<int64_t>(p_.causal_last_key(tile.first_query + tile.rows - 1) + 1, 0, key_end);
     }
     std::fill_n(ws_.row_max.get(), kTq, -std::numeric_limits<float>::infinity());
     std::fill_n(ws_.row_sum.get(), kTq, 0.0f);
@@ -650,15 +650,17 @@ class TileAttention {
       const DF d;
       for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
         const int64_t block_rows = std::min<int64_t>(kLanes, rows - r0);
-        const VF factor = divide ? hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r0))
-                                 : hn::Set(d, keep_scale);
+        const VF factor = divide
+                              ? hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r0))
+                              : hn::Set(d, keep_scale);
         for (int64_t c0 = 0; c0 < p_.value_dim; c0 += kLanes) {
           VF v[kLanes];
           for (int64_t i = 0; i < kLanes; ++i) {
             v[i] = hn::Mul(hn::Load(d, out_t + (c0 + i) * kTq + r0), factor);
           }
           TransposeSquare(v);
-          for (int64_t i = 0; i < block_rows; ++i) hn::StoreU(v[i], d, out + (r0 + i) * out_stride + c0);
+          for (int64_t i = 0; i < block_rows; ++i)
+            hn::StoreU(v[i], d, out + (r0 + i) * out_stride + c0);
         }
       }
       return;
@@ -1227,8 +1229,8 @@ struct RowGroups {
     return across ? 0 : (item - first_batch(item) * per_batch) * kRowGroup;
   }
   int64_t rows(const SdpaParams& p, int64_t item) const {
-    return std::min<int64_t>(kRowGroup, across ? p.batch - first_batch(item)
-                                               : p.query_len - first_query(item));
+    return std::min<int64_t>(
+        kRowGroup, across ? p.batch - first_batch(item) : p.query_len - first_query(item));
   }
   void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     const int64_t b0 = first_batch(item), q0 = first_query(item), n = rows(p, item);
@@ -1323,8 +1325,8 @@ void RunItems(const SdpaParams& p, int64_t count, int64_t rows, const RunItem& r
   for (int64_t i = 0; i < items; ++i) {
     float* base = buffer.get() + i * floats_per_item;
     float* stats = base + rows * out_stride;
-    partials[static_cast<size_t>(i)] = PartialRows{
-        base, out_stride, stats, stats + rows, reinterpret_cast<uint8_t*>(stats + 2 * rows)};
+    partials[static_cast<size_t>(i)] = PartialRows{base, out_stride, stats, stats + rows,
+                                                   reinterpret_cast<uint8_t*>(stats + 2 * rows)};
   }
   ParallelItems<Workspace_>(p, ForwardMultiplyAdds(p), items, [&](Workspace_& ws, int64_t i) {
     const int64_t begin = (i % split.chunks) * split.chunk_len;
