@@ -17,6 +17,11 @@
 // Recurrence per query (log2 domain, s = score·log2 e):
 //   m' = max(m, max_j s_j);  α = 2^(m − m');  l' = α·l + Σ_j 2^(s_j − m');
 //   o' = α·o + Σ_j 2^(s_j − m')·keep_j·v_j;    finally output = o / l / (1 − p).
+//
+// Work items, one thread each: query tiles (above) or, with a few queries per head, row
+// groups (RowGroupAttention, lanes along E). Calls with few work items split their keys into
+// chunks merged by the same recurrence (PlanKeySplit); query tiles over K/V rows interleaved
+// with other heads' read a per-thread contiguous copy (PackKeysAndValues).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/fused_sdpa.cc"
 #include "kernels/fused_sdpa.hpp"
