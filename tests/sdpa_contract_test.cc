@@ -445,24 +445,28 @@ TEST(SdpaContract, ResultsDoNotDependOnTheThreadCount) {
 // Few queries over many keys run as key chunks merged afterwards (the fused kernel's key
 // split): the chunks follow from the shape, so the bits do not depend on the thread count.
 TEST(SdpaContract, KeySplitResultsDoNotDependOnTheThreadCount) {
-  const Inputs in =
-      random_inputs(Shape({3, 1, 64}), Shape({3, 3000, 64}), Shape({3, 3000, 40}), 23);
   Tensor mask(DType::kBool, Shape({3000}));
   for (int64_t j = 0; j < 3000; ++j) mask.data_as<uint8_t>()[j] = j % 7 != 3;
-  AttentionOptions options;
-  options.mask = mask.view();
-  options.dropout = 0.2f;
-  options.seed = 77;
-  options.need_logsumexp = true;
-  options.num_threads = 1;
-  const AttentionResult one = attend(in, options);
-  for (int threads : {2, 3, 5}) {
-    options.num_threads = threads;
-    const AttentionResult many = attend(in, options);
-    EXPECT_EQ(std::memcmp(one.output.data(), many.output.data(), one.output.nbytes()), 0)
-        << "output differs between 1 and " << threads << " threads";
-    EXPECT_EQ(std::memcmp(one.logsumexp.data(), many.logsumexp.data(), one.logsumexp.nbytes()), 0)
-        << "log-sum-exp differs between 1 and " << threads << " threads";
+  // One query per head (row groups), then 100 (query tiles).
+  for (int64_t queries : {1, 100}) {
+    const Inputs in =
+        random_inputs(Shape({3, queries, 64}), Shape({3, 3000, 64}), Shape({3, 3000, 40}), 23);
+    AttentionOptions options;
+    options.mask = mask.view();
+    options.causal = queries > 1;
+    options.dropout = 0.2f;
+    options.seed = 77;
+    options.need_logsumexp = true;
+    options.num_threads = 1;
+    const AttentionResult one = attend(in, options);
+    for (int threads : {2, 3, 5}) {
+      options.num_threads = threads;
+      const AttentionResult many = attend(in, options);
+      EXPECT_EQ(std::memcmp(one.output.data(), many.output.data(), one.output.nbytes()), 0)
+          << "Lq " << queries << ": output differs between 1 and " << threads << " threads";
+      EXPECT_EQ(std::memcmp(one.logsumexp.data(), many.logsumexp.data(), one.logsumexp.nbytes()), 0)
+          << "Lq " << queries << ": log-sum-exp differs between 1 and " << threads << " threads";
+    }
   }
 }
 
