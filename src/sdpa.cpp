@@ -12,10 +12,15 @@
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
 #include "kernels/kernel_list.hpp"
+#include "score_rules.hpp"
 #include "sdpa_boundary.hpp"
 #include "sdpa_params.hpp"
 
 namespace attend::detail {
+
+KernelInputs::KernelInputs() : rules(std::make_unique<ScoreRuleInputs>()) {}
+KernelInputs::~KernelInputs() = default;
+
 namespace {
 
 bool is_mask_dtype(DType d) { return !is_floating(d); }
@@ -230,6 +235,7 @@ Problem validate_inputs(const TensorView& q, const TensorView& k, const TensorVi
   if (!(options.dropout >= 0.0 && options.dropout < 1.0)) {
     throw Error("dropout must be in [0, 1), got " + std::to_string(options.dropout));
   }
+  validate_score_rules(options, problem.scores_shape);
   if (options.num_threads < 0) {
     throw Error("num_threads must be >= 0 (0 = default), got " +
                 std::to_string(options.num_threads));
@@ -260,7 +266,13 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
   for (auto [input_name, input] :
        {std::pair{"query", &q}, std::pair{"key", &k}, std::pair{"value", &v},
         std::pair{"mask", options.mask ? &*options.mask : nullptr},
-        std::pair{"bias", options.bias ? &*options.bias : nullptr}}) {
+        std::pair{"bias", options.bias ? &*options.bias : nullptr},
+        std::pair{"alibi_slopes", options.alibi_slopes ? &*options.alibi_slopes : nullptr},
+        std::pair{"sinks", options.sinks ? &*options.sinks : nullptr},
+        std::pair{"segment_ids_query",
+                  options.segment_ids_query ? &*options.segment_ids_query : nullptr},
+        std::pair{"segment_ids_key",
+                  options.segment_ids_key ? &*options.segment_ids_key : nullptr}}) {
     if (input && ranges_overlap(out_range, byte_range(*input))) {
       throw Error(std::string(name) + " overlaps the memory of " + input_name);
     }
@@ -311,7 +323,7 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
     p.bias_strides = broadcast_strides("bias", b, problem.scores_shape);
   }
 
-  p.causal = options.causal;
+  fill_score_rules(p, options, problem.scores_shape, *storage.rules);
   p.scale = static_cast<float>(options.scale ? *options.scale
                                              : 1.0 / std::sqrt(static_cast<double>(p.head_dim)));
   p.zero_fully_masked_rows = options.fully_masked_rows == FullyMaskedRows::kZero;

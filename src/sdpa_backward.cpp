@@ -3,6 +3,7 @@
 // backward kernel that accepts the problem, reduce dS to the bias gradient.
 #include "attend/sdpa_backward.hpp"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,31 @@ void reduce_to_bias(const Tensor& grad_scores, const detail::SdpaParams& p,
   convert(as_float.view(), grad_bias);
 }
 
+// dSink_h = −Σ_{b of head h} Σ_i exp(sink_h − lse_bi)·D_bi with D = dO·O (the sink's own
+// dP is 0: it has no value), in float64 and a fixed order.
+void reduce_to_sinks(const SdpaBackwardParams& bp, const TensorView& grad_sinks) {
+  const detail::SdpaParams& p = bp.forward;
+  Tensor sums = Tensor::zeros(DType::kFloat64, grad_sinks.shape);
+  auto* out = sums.data_as<double>();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const int64_t h = b % p.heads;
+    const float* o = p.output + p.batch_offset(p.output_strides, b);
+    const float* g = bp.grad_output + p.batch_offset(bp.grad_output_strides, b);
+    const float* lse = bp.logsumexp + p.batch_offset(bp.logsumexp_strides, b);
+    for (int64_t i = 0; i < p.query_len; ++i) {
+      double delta = 0;
+      for (int64_t c = 0; c < p.value_dim; ++c) {
+        delta +=
+            double{o[i * p.output_strides.row + c]} * double{g[i * bp.grad_output_strides.row + c]};
+      }
+      const double p_sink =
+          std::exp(double{p.sinks[h]} - double{lse[i * bp.logsumexp_strides.row]});
+      out[h] -= p_sink * delta;
+    }
+  }
+  convert(sums.view(), grad_sinks);
+}
+
 void run_backward(const TensorView& grad_output, const TensorView& query, const TensorView& key,
                   const TensorView& value, const TensorView& output, const TensorView& logsumexp,
                   const AttentionGradientViews& gradients, const Problem& problem,
@@ -100,6 +126,7 @@ void run_backward(const TensorView& grad_output, const TensorView& query, const 
   if (dk_copy) convert(dk_copy->view(), gradients.key);
   if (dv_copy) convert(dv_copy->view(), gradients.value);
   if (bias_gradient) reduce_to_bias(grad_scores, p, *gradients.bias);
+  if (gradients.sinks && p.sinks) reduce_to_sinks(bp, *gradients.sinks);
 }
 
 Problem validate_backward(const TensorView& grad_output, const TensorView& query,
@@ -124,10 +151,14 @@ AttentionGradients scaled_dot_product_attention_backward(
   result.query = Tensor(query.dtype, query.shape);
   result.key = Tensor(key.dtype, key.shape);
   result.value = Tensor(value.dtype, value.shape);
-  AttentionGradientViews views{result.query.view(), result.key.view(), result.value.view(), {}};
+  AttentionGradientViews views{result.query.view(), result.key.view(), result.value.view(), {}, {}};
   if (options.bias) {
     result.bias = Tensor(options.bias->dtype, options.bias->shape);
     views.bias = result.bias.view();
+  }
+  if (options.sinks) {
+    result.sinks = Tensor(options.sinks->dtype, options.sinks->shape);
+    views.sinks = result.sinks.view();
   }
   run_backward(grad_output, query, key, value, output, logsumexp, views, problem, options);
   return result;
@@ -155,6 +186,12 @@ void scaled_dot_product_attention_backward_into(const TensorView& grad_output,
     detail::check_output("grad_bias", *gradients.bias, options.bias->shape, options.bias->dtype,
                          query, key, value, options);
     written.push_back({"grad_bias", &*gradients.bias});
+  }
+  if (gradients.sinks) {
+    if (!options.sinks) throw Error("grad_sinks was given but the options have no sinks");
+    detail::check_output("grad_sinks", *gradients.sinks, options.sinks->shape, options.sinks->dtype,
+                         query, key, value, options);
+    written.push_back({"grad_sinks", &*gradients.sinks});
   }
   const std::pair<const char*, const TensorView*> read[] = {
       {"grad_output", &grad_output}, {"output", &output}, {"logsumexp", &logsumexp}};

@@ -2,6 +2,7 @@
 // backward (sdpa_backward.cpp) API boundaries: public views in, one SdpaParams out.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -46,8 +47,12 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
 void check_logsumexp(const char* name, const TensorView& lse, const Shape& scores_shape);
 
 // Converted copies of inputs that were not float32 with a contiguous last dimension.
+struct ScoreRuleInputs;
 struct KernelInputs {
+  KernelInputs();
+  ~KernelInputs();
   std::optional<Tensor> query, key, value, mask, bias;
+  std::unique_ptr<ScoreRuleInputs> rules;  // slopes, sinks, segment ids
 };
 // SdpaParams with sizes, inputs, mask, bias and options filled (outputs null).
 SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,

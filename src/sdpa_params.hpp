@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "attend/score_mod.hpp"
+
 namespace attend::detail {
 
 inline constexpr int kMaxBatchRank = 4;
@@ -56,8 +58,25 @@ struct SdpaParams {
   const float* bias = nullptr;
   OperandStrides bias_strides;
 
-  bool causal = false;  // key j visible to query i iff j <= i + (Lk - Lq)
-  float scale = 1.0f;   // multiplies Q·Kᵀ
+  // The score rules (see attend/score_rules.hpp and score_rules.hpp, where they are applied).
+  // Query i's aligned position is i' = i + diagonal_offset (Lk − Lq bottom-right, 0 top-left).
+  bool causal = false;  // key j visible to query i iff j <= i'
+  int64_t diagonal_offset = 0;
+  int64_t window_left = -1;   // key j visible iff j >= i' − window_left (-1: unbounded)
+  int64_t window_right = -1;  // key j visible iff j <= i' + window_right (-1: unbounded)
+  int64_t prefix = 0;         // keys j < prefix visible whatever causal and the window say
+  float softcap = 0.0f;       // s = softcap·tanh(s / softcap) when > 0
+  int64_t heads = 1;          // size of the last batch dimension: head h = b % heads
+  const float* alibi_slopes = nullptr;  // [heads]: s += slope_h·(j − i') when not null
+  const float* sinks = nullptr;         // [heads]: one more logit per row, no value
+  // Segment ids (documents), broadcast to (..., Lq) and (..., Lk): `row` steps along L.
+  const int32_t* segment_query = nullptr;
+  OperandStrides segment_query_strides;
+  const int32_t* segment_key = nullptr;
+  OperandStrides segment_key_strides;
+  const UserScoreRules* user_rules = nullptr;  // null without user rules
+
+  float scale = 1.0f;  // multiplies Q·Kᵀ
   bool zero_fully_masked_rows = false;
   float dropout = 0.0f;  // p in [0, 1)
   uint64_t seed = 0;
@@ -94,7 +113,7 @@ struct SdpaParams {
     return batch_coordinates(b).offset(strides);
   }
   // Last key index query i may see under causality (inclusive); may be negative.
-  int64_t causal_last_key(int64_t query_index) const { return query_index + (key_len - query_len); }
+  int64_t causal_last_key(int64_t query_index) const { return query_index + diagonal_offset; }
 };
 
 // The backward pass (see attend/sdpa_backward.hpp). `forward` holds the sizes, inputs,

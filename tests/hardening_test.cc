@@ -357,13 +357,13 @@ TEST(Hardening, BackwardGradientsOverlappingAreRejectedAndLeftUntouched) {
     EXPECT_EQ(inputs, inputs_before) << fragment;
     EXPECT_EQ(results, results_before) << fragment;
   };
-  expect_rejected({dq, dq, dv, {}}, "grad_query overlaps the memory of grad_key");
-  expect_rejected({dq, dk, TensorView(q + 3 * kPart, Shape({2, 4, 8})), {}},
+  expect_rejected({dq, dq, dv, {}, {}}, "grad_query overlaps the memory of grad_key");
+  expect_rejected({dq, dk, TensorView(q + 3 * kPart, Shape({2, 4, 8})), {}, {}},
                   "grad_value overlaps the memory of grad_output");
-  expect_rejected({dq, TensorView(q + 4 * kPart + 8, Shape({2, 4, 8})), dv, {}},
+  expect_rejected({dq, TensorView(q + 4 * kPart + 8, Shape({2, 4, 8})), dv, {}, {}},
                   "grad_key overlaps the memory of output");
-  expect_rejected({key, dk, dv, {}}, "grad_query overlaps the memory of key");
-  expect_rejected({dq, dk, dv, dq}, "grad_bias was given but the options have no bias");
+  expect_rejected({key, dk, dv, {}, {}}, "grad_query overlaps the memory of key");
+  expect_rejected({dq, dk, dv, dq, {}}, "grad_bias was given but the options have no bias");
   // Logical shapes far beyond memory through zero strides: the gradients (2^45 floats each)
   // cannot be allocated, which is an error, not a crash.
   const TensorView wide_q(q, DType::kFloat32, Shape({int64_t{1} << 40, 4, 8}), Shape({0, 8, 1}));

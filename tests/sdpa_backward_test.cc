@@ -336,7 +336,7 @@ TEST(SdpaBackward, RejectsBadArguments) {
   grads.value = Tensor(DType::kFloat32, in.value.shape);
   const Tensor bias_grad(DType::kFloat32, Shape({4, 5}));
   AttentionGradientViews views{grads.query.view(), grads.key.view(), grads.value.view(),
-                               bias_grad.view()};
+                               bias_grad.view(), std::nullopt};
   EXPECT_THROW(scaled_dot_product_attention_backward_into(g.view(), in.query, in.key, in.value,
                                                           f.output.view(), f.logsumexp.view(),
                                                           views, options),

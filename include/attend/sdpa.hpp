@@ -8,11 +8,15 @@
 //
 // Shapes: query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev) with 0 to 4 leading batch
 // dimensions, equal across query, key and value. mask and bias broadcast to (..., Lq, Lk).
+// The variants of the score (causal alignment, sliding window, ALiBi, softcap, sinks,
+// documents, prefix-LM, user rules) and the order they apply in: attend/score_rules.hpp.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
+#include "attend/score_mod.hpp"
+#include "attend/score_rules.hpp"
 #include "attend/tensor.hpp"
 
 namespace attend {
@@ -40,9 +44,33 @@ struct AttentionOptions {
   // float32 or float16, broadcastable to (..., Lq, Lk); added to the scaled scores before
   // masking.
   std::optional<TensorView> bias;
-  // Query i sees key j only when j <= i + (Lk - Lq): aligned to the end, as a decoder with
-  // a KV cache needs. Combines with mask and bias.
+  // Query i sees key j only when j <= i' (i' = i + Lk − Lq with the default alignment, as a
+  // decoder with a KV cache needs; i with kTopLeft, as PyTorch's is_causal). Combines with
+  // every other rule.
   bool causal = false;
+  CausalAlignment causal_alignment = CausalAlignment::kBottomRight;
+  // Query i sees key j only when i' − left <= j <= i' + right.
+  std::optional<SlidingWindow> window;
+  // ALiBi: slope_h · (j − i') added to the scores of head h (the last batch dimension, of
+  // size H; 1 without batch dimensions). `alibi` alone takes default_alibi_slopes(H);
+  // alibi_slopes, float32 (H), gives them (and implies alibi).
+  bool alibi = false;
+  std::optional<TensorView> alibi_slopes;
+  // Logit soft-capping: s = cap · tanh(s / cap) after scaling, before bias and masks. > 0.
+  std::optional<double> softcap;
+  // Attention sinks: float32 (H), one extra logit per head in every row's softmax
+  // denominator, with no value.
+  std::optional<TensorView> sinks;
+  // Document masking: integer segment ids of the queries (..., Lq) and the keys (..., Lk),
+  // broadcast over the batch dimensions; query i sees key j only in its own document. Both
+  // or neither.
+  std::optional<TensorView> segment_ids_query;
+  std::optional<TensorView> segment_ids_key;
+  // Prefix-LM: keys j < prefix are visible to every query (with causal or a window, which
+  // rule the rest). 0 <= prefix <= Lk.
+  int64_t prefix = 0;
+  // Rules written by the user (attend/score_mod.hpp); they apply after the built-in ones.
+  std::optional<UserScoreRules> user_rules;
   // Multiplies Q·Kᵀ; default 1/sqrt(E). Any finite value.
   std::optional<double> scale;
   FullyMaskedRows fully_masked_rows = FullyMaskedRows::kUniform;
@@ -94,9 +122,9 @@ void scaled_dot_product_attention_into(const TensorView& query, const TensorView
                                        const TensorView& value, const AttentionOutputViews& outputs,
                                        const AttentionOptions& options = {});
 
-// Multiply-add count of one call: 4·batch·Lq·Lk·E for E == Ev (2·Lq·Lk·E for Q·Kᵀ and
-// 2·Lq·Lk·Ev for weights·V), halved (approximately) for causal. The one formula used by
-// every benchmark.
+// FLOP count of one call: 4·batch·Lq·Lk·E for E == Ev (2·Lq·Lk·E for Q·Kᵀ and 2·Lq·Lk·Ev
+// for weights·V), halved (approximately) for causal. The one formula used by every
+// benchmark.
 double attention_flops(int64_t batch, int64_t query_len, int64_t key_len, int64_t head_dim,
                        int64_t value_dim, bool causal);
 

@@ -8,6 +8,11 @@
 //   D_i = Σ_j P̃_ij·dP̃_ij = dO_i · O_i            one number per query row
 //   dS = P ⊙ (dP − D), and 0 where excluded      masked_fill passes no gradient
 //   dQ = scale·dS·K,  dK = scale·dSᵀ·Q,  dBias = dS summed over bias's broadcast dimensions
+//   dSink_h = −Σ_i P_sink,i·D_i over the rows of head h, P_sink,i = exp(sink_h − lse_i)
+//
+// The score rules (attend/score_rules.hpp) pass their derivatives: softcap's 1 − tanh² and a
+// user score_mod's (evaluated with attend::Dual) multiply dS on its way to Q and K (the bias
+// gradient takes the user rule's only); exclusions pass no gradient.
 //
 // P is recomputed tile by tile from the forward's log-sum-exp (P_ij = exp(S_ij − lse_i)),
 // so the backward needs O(L) extra memory (O(Lq·Lk) only for a bias gradient), and the
@@ -29,6 +34,7 @@ struct AttentionGradients {
   Tensor key;    // dK, the shape and dtype of key
   Tensor value;  // dV, the shape and dtype of value
   Tensor bias;   // dBias, the shape and dtype of options.bias; empty without a bias
+  Tensor sinks;  // dSinks (H), the dtype of options.sinks; empty without sinks
 };
 
 // Caller-provided gradient views (any strides with a contiguous last dimension is fastest;
@@ -38,6 +44,7 @@ struct AttentionGradientViews {
   TensorView key;
   TensorView value;
   std::optional<TensorView> bias;
+  std::optional<TensorView> sinks;
 };
 
 // grad_output (..., Lq, Ev) and output (..., Lq, Ev): dO and the forward's O, dtype of query.

@@ -241,7 +241,7 @@ std::function<void()> make_backward_workload(const AttentionShape& s, int num_th
     scaled_dot_product_attention_backward_into(
         t.grad_output.view(), t.tensors.query.view(), t.tensors.key_view(), t.tensors.value_view(),
         t.tensors.output.view(), t.logsumexp.view(),
-        {t.grad_query.view(), t.grad_key.view(), t.grad_value.view(), {}}, t.options);
+        {t.grad_query.view(), t.grad_key.view(), t.grad_value.view(), {}, {}}, t.options);
   };
 }
 

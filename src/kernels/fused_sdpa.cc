@@ -41,9 +41,12 @@
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
 #include "runtime_internal.hpp"
+#include "score_rule_layer.hpp"
 
 // Exp2, kLog2e, DenormalsAreZero and ParallelItems, once per target.
 #include "kernels/kernel_common-inl.h"
+// The score rules a vector at a time (softcap, ALiBi, exclusions), once per target.
+#include "kernels/score_rules-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -91,6 +94,9 @@ struct Workspace {
   hwy::AlignedFreeUniquePtr<float[]> alpha;      // [Tq]      rescale factor of this key tile
   hwy::AlignedFreeUniquePtr<uint8_t[]> visible;  // [Tq]      some key not excluded so far
   hwy::AlignedFreeUniquePtr<float[]> tile_max;   // [Lk/Tk][Tq] reference point per key tile
+  hwy::AlignedFreeUniquePtr<int64_t[]> visited;  // [Lk/Tk]    first key of each visited tile
+  RowRules row_rules;                            // the tile's rows' visible keys and documents
+  KeepTile keep;                                 // [Tk][Tq]  pairwise rules' verdicts
   // See PackKeysAndValues: K [Lk][E] and V [Lk][Ev] of one batch index, contiguous
   // (allocated at the first use; null if that failed), and the operands copied.
   hwy::AlignedFreeUniquePtr<float[]> packed;
@@ -109,9 +115,13 @@ struct Workspace {
     visible = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(tq));
     const int64_t key_tiles = (p.key_len + kKeyTile - 1) / kKeyTile;
     tile_max = hwy::AllocateAligned<float>(static_cast<size_t>((p.weights ? key_tiles : 1) * tq));
+    visited = hwy::AllocateAligned<int64_t>(static_cast<size_t>(p.weights ? key_tiles : 1));
+    row_rules.Allocate(tq);
+    if (has_pairwise_rules(p)) keep.Allocate(kKeyTile, tq);
   }
   bool ok() const {
-    return query_t && score_t && out_t && row_max && row_sum && alpha && visible && tile_max;
+    return query_t && score_t && out_t && row_max && row_sum && alpha && visible && tile_max &&
+           visited && row_rules.ok() && keep.ok();
   }
 };
 
@@ -331,17 +341,21 @@ class TileAttention {
   TileAttention(const SdpaParams& p, Workspace& ws) : p_(p), ws_(ws) {}
 
   // The tile's rows over the keys of `span` (whole key tiles: span.begin is a multiple of
-  // kKeyTile).
+  // kKeyTile). Key tiles that no row of the tile sees (by position, document or mask) are
+  // never loaded: the block sparsity of the score rules.
   void Run(const Tile& tile, KeySpan span) {
     LoadQueries(tile);
-    // Keys past key_end are excluded by causality for every row of the tile: skipped.
-    int64_t key_end = span.begin + span.count;
-    if (p_.causal) {
-      key_end =
-          std::clamp<int64_t>(p_.causal_last_key(tile.first_query + tile.rows - 1) + 1, 0, key_end);
-    }
-    std::fill_n(ws_.row_max.get(), kTq, -std::numeric_limits<float>::infinity());
-    std::fill_n(ws_.row_sum.get(), kTq, 0.0f);
+    const int64_t head = head_of(p_, tile.batch);
+    if (may_exclude(p_)) ws_.row_rules.Load(p_, tile.batch, tile.first_query, tile.rows, kTq);
+    // Keys past key_end are excluded by position for every row of the tile: skipped.
+    const int64_t span_end = span.begin + span.count;
+    const VisibleKeys last_row = visible_keys(p_, tile.first_query + tile.rows - 1);
+    const int64_t key_end = std::min(span_end, last_row.end());
+    // The sink joins the first chunk's denominator as a key of score sink_h with no value.
+    const bool sink = p_.sinks != nullptr && span.begin == 0;
+    std::fill_n(ws_.row_max.get(), kTq,
+                sink ? p_.sinks[head] * kLog2e : -std::numeric_limits<float>::infinity());
+    std::fill_n(ws_.row_sum.get(), kTq, sink ? 1.0f : 0.0f);
     std::fill_n(ws_.visible.get(), kTq, uint8_t{0});
     std::fill_n(ws_.out_t.get(), p_.value_dim * kTq, 0.0f);
     const float keep_scale = 1.0f / (1.0f - p_.dropout);
@@ -349,13 +363,24 @@ class TileAttention {
     // One pass: online softmax with output accumulation. With weights, each key tile's
     // probabilities 2^(s − m_t) are written as they are and rescaled once the final m and
     // l are known, while the tile's rows are still in cache.
-    int64_t key_tile_index = 0;
-    for (int64_t k0 = span.begin; k0 < key_end; k0 += kKeyTile, ++key_tile_index) {
+    int64_t visited = 0;
+    for (int64_t k0 = span.begin; k0 < key_end; k0 += kKeyTile) {
       const int64_t keys = std::min(kKeyTile, key_end - k0);
-      ComputeScores(tile, k0, keys);
-      SoftmaxStep(keys, tile.weights ? ws_.tile_max.get() + key_tile_index * kTq : nullptr);
+      const TileVerdict verdict = ws_.row_rules.Classify(p_, tile.batch, k0, keys);
+      if (verdict == TileVerdict::kEmpty ||
+          (has_pairwise_rules(p_) &&
+           !ws_.keep.Fill(p_, tile.batch, tile.mask, tile.first_query, tile.rows, k0, keys, kTq))) {
+        if (tile.weights) ZeroWeights(tile, k0, k0 + keys);
+        continue;
+      }
+      ComputeScores(tile, k0, keys, verdict);
+      SoftmaxStep(keys, tile.weights ? ws_.tile_max.get() + visited * kTq : nullptr);
       if (p_.dropout > 0) ApplyDropout(tile, k0, keys);
-      if (tile.weights) WriteWeights(tile, k0, keys, key_end);
+      if (tile.weights) {
+        ws_.visited[visited] = k0;
+        WriteWeights(tile, k0, keys);
+      }
+      ++visited;
       AccumulateValues(tile, k0, keys, ws_.alpha.get());
     }
     if (span.partial) {  // a chunk of a key split (never with weights): for the merge
@@ -367,26 +392,28 @@ class TileAttention {
       return;
     }
     if (tile.weights) {
-      if (key_end == 0) WriteWeights(tile, 0, 0, 0);
-      RescaleWeights(tile, key_tile_index, keep_scale);
+      ZeroWeights(tile, std::max<int64_t>(key_end, 0), p_.key_len);
+      RescaleWeights(tile, visited, keep_scale);
     }
     FinishOutput(tile.rows, tile.output + tile.first_query * p_.output_strides.row,
                  p_.output_strides.row, keep_scale, true);
-    const bool may_exclude_rows = p_.mask != nullptr || p_.causal;
+    const bool fix_rows = FixesFullyExcludedRows(p_);
     if (tile.logsumexp) {
       for (int64_t r = 0; r < tile.rows; ++r) {
         tile.logsumexp[(tile.first_query + r) * p_.logsumexp_strides.row] =
-            may_exclude_rows && !ws_.visible[r] ? FullyExcludedLogSumExp(p_)
-                                                : LogSumExp(ws_.row_max[r], ws_.row_sum[r]);
+            fix_rows && !ws_.visible[r] ? FullyExcludedLogSumExp(p_)
+                                        : LogSumExp(ws_.row_max[r], ws_.row_sum[r]);
       }
     }
-    if (may_exclude_rows) FixFullyExcludedRows(tile);
+    if (fix_rows) FixFullyExcludedRows(tile);
   }
 
  private:
   // query_t[e][r] = Q[q0 + r][e]·scale·log2(e); rows past the tile's end are zero.
+  // With score modifications (softcap, ALiBi, a user rule) the scores stay in natural units
+  // until ModifyScores has run, which then applies log2(e).
   void LoadQueries(const Tile& tile) {
-    const float factor = p_.scale * kLog2e;
+    const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
     float* query_t = ws_.query_t.get();
 #if ATTEND_BLOCK_SHUFFLES
     if (p_.head_dim % kLanes == 0) {
@@ -417,8 +444,9 @@ class TileAttention {
     }
   }
 
-  // score_t[j][r] for keys [k0, k0 + keys): Q·Kᵀ, then bias, then exclusions.
-  void ComputeScores(const Tile& tile, int64_t k0, int64_t keys) {
+  // score_t[j][r] for keys [k0, k0 + keys): Q·Kᵀ, then the modifications and the exclusions of
+  // score_rule_layer.hpp (log2 domain from here on).
+  void ComputeScores(const Tile& tile, int64_t k0, int64_t keys, TileVerdict verdict) {
     const float* key = tile.key + k0 * tile.key_stride;
     const int64_t key_stride = tile.key_stride;
     float* score_t = ws_.score_t.get();
@@ -437,65 +465,14 @@ class TileAttention {
       ScoreBlock<QV, 1>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
                         score_t + j * kTq);
     }
-    if (tile.bias != nullptr) AddBias(tile, k0, keys);
-    ApplyExclusions(tile, k0, keys);
-  }
-
-  void AddBias(const Tile& tile, int64_t k0, int64_t keys) {
-    float* score_t = ws_.score_t.get();
-    for (int64_t r = 0; r < tile.rows; ++r) {
-      const float* bias =
-          tile.bias + (tile.first_query + r) * p_.bias_strides.row + k0 * p_.bias_strides.column;
-      for (int64_t j = 0; j < keys; ++j) {
-        score_t[j * kTq + r] += bias[j * p_.bias_strides.column] * kLog2e;
-      }
+    if (has_score_mods(p_)) {
+      ModifyScores(p_, tile.batch, tile.bias, tile.first_query, tile.rows, k0, keys, kTq, score_t);
+    } else if (tile.bias != nullptr) {
+      AddBias(p_, tile.bias, tile.first_query, tile.rows, k0, keys, kTq, kLog2e, score_t);
     }
-  }
-
-  // Scores of excluded (query, key) pairs become -1e9 (in the log2 domain), as the listing's
-  // masked_fill; `visible` records which rows still have a key.
-  void ApplyExclusions(const Tile& tile, int64_t k0, int64_t keys) {
-    const int64_t q0 = tile.first_query;
-    const bool tile_crosses_diagonal = p_.causal && k0 + keys - 1 > p_.causal_last_key(q0);
-    constexpr float kExcluded = kExcludedScore * kLog2e;
-    float* score_t = ws_.score_t.get();
-    if (tile.mask == nullptr) {
-      // Causality alone: row r sees key 0 (and so has a visible key) iff its last key >= 0.
-      for (int64_t r = 0; r < tile.rows; ++r) {
-        ws_.visible[r] |= static_cast<uint8_t>(p_.causal_last_key(q0 + r) >= 0);
-      }
-      if (!tile_crosses_diagonal) return;
-      // Key k0 + j is excluded for lane r iff k0 + j > q0 + r + (Lk − Lq), i.e. r < limit_j.
-      const DF d;
-      const hn::RebindToSigned<DF> di;
-      const VF excluded = hn::Set(d, kExcluded);
-      const int64_t first_limit = k0 - p_.causal_last_key(q0);
-      for (int64_t j = 0; j < keys; ++j) {
-        const auto limit =
-            hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(first_limit + j, -1, kTq)));
-        for (int r = 0; r < QV; ++r) {
-          const auto lane = hn::Iota(di, r * static_cast<int32_t>(kLanes));
-          float* s = score_t + j * kTq + r * kLanes;
-          hn::Store(
-              hn::IfThenElse(hn::RebindMask(d, hn::Lt(lane, limit)), excluded, hn::Load(d, s)), d,
-              s);
-        }
-      }
-      return;
-    }
-    for (int64_t r = 0; r < tile.rows; ++r) {
-      const int64_t last_key = p_.causal ? p_.causal_last_key(q0 + r) : p_.key_len;
-      const uint8_t* mask =
-          tile.mask ? tile.mask + (q0 + r) * p_.mask_strides.row + k0 * p_.mask_strides.column
-                    : nullptr;
-      uint8_t any = 0;
-      for (int64_t j = 0; j < keys; ++j) {
-        const bool excluded =
-            k0 + j > last_key || (mask != nullptr && mask[j * p_.mask_strides.column] == 0);
-        if (excluded) score_t[j * kTq + r] = kExcluded;
-        any |= static_cast<uint8_t>(!excluded);
-      }
-      ws_.visible[r] |= any;
+    if (may_exclude(p_)) {
+      ApplyExclusions(p_, tile.batch, ws_.row_rules, ws_.keep, k0, keys, kTq, verdict, score_t,
+                      ws_.visible.get(), tile.rows);
     }
   }
 
@@ -551,6 +528,7 @@ class TileAttention {
   // weights[q0 + r][key tile t] ·= 2^(m_t − m)·keep_scale / l: from the probabilities
   // relative to each tile's reference point m_t to the final normalized weights.
   void RescaleWeights(const Tile& tile, int64_t key_tiles, float keep_scale) {
+    // key_tiles: the visited tiles, the first key of tile t at ws_.visited[t].
     const DF d;
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
     float* factors = ws_.tile_max.get();  // becomes [t][r] rescale factors in place
@@ -567,8 +545,8 @@ class TileAttention {
       float* w = tile.weights + (tile.first_query + r) * p_.weights_strides.row;
       for (int64_t t = 0; t < key_tiles; ++t) {
         const VF factor = hn::Set(d, factors[t * kTq + r]);
-        const int64_t end = std::min(p_.key_len, (t + 1) * kKeyTile);
-        int64_t j = t * kKeyTile;
+        const int64_t end = std::min(p_.key_len, ws_.visited[t] + kKeyTile);
+        int64_t j = ws_.visited[t];
         for (; j + kLanes <= end; j += kLanes) {
           hn::StoreU(hn::Mul(hn::LoadU(d, w + j), factor), d, w + j);
         }
@@ -594,10 +572,9 @@ class TileAttention {
     }
   }
 
-  // weights[q0 + r][k0 + j] = score_t[j][r]; past key_end (skipped causal keys) zeros.
-  void WriteWeights(const Tile& tile, int64_t k0, int64_t keys, int64_t key_end) {
+  // weights[q0 + r][k0 + j] = score_t[j][r].
+  void WriteWeights(const Tile& tile, int64_t k0, int64_t keys) {
     const float* score_t = ws_.score_t.get();
-    const bool last_tile = k0 + keys >= key_end;
     int64_t j_end = 0;  // keys [0, j_end) written by whole transposed blocks
 #if ATTEND_BLOCK_SHUFFLES
     const DF d;
@@ -618,7 +595,15 @@ class TileAttention {
     for (int64_t r = 0; r < tile.rows; ++r) {
       float* w = tile.weights + (tile.first_query + r) * p_.weights_strides.row;
       for (int64_t j = j_end; j < keys; ++j) w[k0 + j] = score_t[j * kTq + r];
-      if (last_tile) std::fill(w + key_end, w + p_.key_len, 0.0f);
+    }
+  }
+
+  // weights[q0 + r][begin, end) = 0: keys of tiles that no row sees.
+  void ZeroWeights(const Tile& tile, int64_t begin, int64_t end) {
+    if (begin >= end) return;
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      float* w = tile.weights + (tile.first_query + r) * p_.weights_strides.row;
+      std::fill(w + begin, w + end, 0.0f);
     }
   }
 
@@ -738,6 +723,11 @@ struct RowWorkspace {
       heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * score_stride));
       scores = heap_scores_.get();
     }
+    needs_keep = p.user_rules != nullptr && p.user_rules->mask != nullptr;
+    if (needs_keep) {
+      keep_storage = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(p.key_len));
+      keep = keep_storage.get();
+    }
     if (out_stride <= kInlineValueDim) {
       out = inline_out_;
     } else {
@@ -745,9 +735,15 @@ struct RowWorkspace {
       out = heap_out_.get();
     }
   }
+  // Lk bytes for a user mask rule's verdicts on one row (null without one).
+  unsigned char* keep = nullptr;
+  hwy::AlignedFreeUniquePtr<uint8_t[]> keep_storage;
   RowWorkspace(const RowWorkspace&) = delete;
   RowWorkspace& operator=(const RowWorkspace&) = delete;
-  bool ok() const { return scores != nullptr && out != nullptr; }
+  bool ok() const {
+    return scores != nullptr && out != nullptr && (keep != nullptr || !needs_keep);
+  }
+  bool needs_keep = false;
 
  private:
   alignas(64) float inline_scores_[kRowGroup * kInlineKeys];
@@ -956,9 +952,8 @@ class RowGroupAttention {
     for (int r = 0; r < G; ++r) {
       tile_[r] = tiles[r];
       row_[r] = queries[r];
-      const int64_t key_end =
-          p_.causal ? p_.causal_last_key(row_[r]) + 1 - span.begin : p_.key_len - span.begin;
-      key_end_[r] = std::clamp<int64_t>(key_end, 0, span.count);
+      visible_keys_[r] = visible_keys(p_, row_[r]);
+      key_end_[r] = std::clamp<int64_t>(visible_keys_[r].end() - span.begin, 0, span.count);
       group_key_end = std::max(group_key_end, key_end_[r]);
       scores_[r] = ws_.scores + r * ws_.score_stride;
       query_[r] = tile_[r]->query + row_[r] * p_.query_strides.row;
@@ -971,49 +966,45 @@ class RowGroupAttention {
     // 1. Dot products of the keys before the group's last visible key.
     ComputeDots(group_key_end, shared);
 
-    // 2. Scale, bias, exclusions; lanes past each row's key_end become -inf after scaling
-    // (the scale may be negative), so 2^(-inf) = 0 leaves sums and outputs alone.
+    // 2. The score rules (score_rule_layer.hpp); lanes past each row's key_end become -inf
+    // after scaling (the scale may be negative), so 2^(-inf) = 0 leaves sums and outputs
+    // alone. Without modifications or pairwise rules, positions are judged a vector at a
+    // time: keys before the window (and past the prefix) get -inf as well.
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    const float factor = p_.scale * kLog2e;
+    const bool plain = !has_score_mods(p_) && p_.bias == nullptr && !has_pairwise_rules(p_);
+    const hn::RebindToSigned<DF> di;
     VF max_v[G];
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
       float* scores = scores_[r];
       max_v[r] = neg_inf;
-      const float* bias = tile.bias ? tile.bias + row_[r] * p_.bias_strides.row +
-                                          span.begin * p_.bias_strides.column
-                                    : nullptr;
-      const uint8_t* mask = tile.mask ? tile.mask + row_[r] * p_.mask_strides.row +
-                                            span.begin * p_.mask_strides.column
-                                      : nullptr;
-      if (bias == nullptr && mask == nullptr) {
-        const VF factor_v = hn::Set(d, factor);
+      if (plain) {
+        const VisibleKeys& keys = visible_keys_[r];
+        const VF factor_v = hn::Set(d, p_.scale * kLog2e);
+        // Lane l of vector j holds key span.begin + j + l: visible iff before key_end and
+        // (in the prefix or from the window's first key on).
+        const auto prefix_end = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(
+                                                keys.prefix_end - span.begin, -1, span.count)));
+        const auto first = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(
+                                           keys.first - span.begin, -1, span.count + 1)));
+        const auto end = hn::Set(di, static_cast<int32_t>(key_end_[r]));
         for (int64_t j = 0; j < padded_end; j += kLanes) {
-          VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
-          if (j + kLanes > key_end_[r]) {
-            s = hn::IfThenElse(
-                hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(key_end_[r] - j, 0))), s,
-                neg_inf);
-          }
+          const auto lane = hn::Iota(di, static_cast<int32_t>(j));
+          const auto visible = hn::And(
+              hn::Lt(lane, end), hn::Or(hn::Lt(lane, prefix_end), hn::Not(hn::Lt(lane, first))));
+          const VF s = hn::IfThenElse(hn::RebindMask(d, visible),
+                                      hn::Mul(hn::Load(d, scores + j), factor_v), neg_inf);
           hn::Store(s, d, scores + j);
           max_v[r] = hn::Max(max_v[r], s);
         }
-        visible_[r] = key_end_[r] > 0;
+        const int64_t begin = span.begin, last = begin + key_end_[r] - 1;
+        visible_[r] = std::min(keys.prefix_end, last + 1) > begin ||
+                      std::max(keys.first, begin) <= std::min(keys.last, last);
       } else {
         std::fill(scores + key_end_[r], scores + padded_end,
                   -std::numeric_limits<float>::infinity());
-        constexpr float kExcluded = kExcludedScore * kLog2e;
-        visible_[r] = false;
-        for (int64_t j = 0; j < key_end_[r]; ++j) {
-          float s = scores[j] * factor;
-          if (bias) s += bias[j * p_.bias_strides.column] * kLog2e;
-          if (mask && mask[j * p_.mask_strides.column] == 0) {
-            s = kExcluded;
-          } else {
-            visible_[r] = true;
-          }
-          scores[j] = s;
-        }
+        visible_[r] = apply_score_rules_to_row(p_, tile.batch, row_[r], span.begin, key_end_[r],
+                                               scores, ws_.keep);
         for (int64_t j = 0; j < padded_end; j += kLanes) {
           max_v[r] = hn::Max(max_v[r], hn::Load(d, scores + j));
         }
@@ -1021,9 +1012,13 @@ class RowGroupAttention {
     }
 
     // 3. Probabilities 2^(s − m) and their sums (m = 0 when every score is -inf).
+    // The head's sink (first chunk only) joins the maximum here and the sum below.
     VF sum_v[G], m_v[G];
+    float sink_[G];
     for (int r = 0; r < G; ++r) {
-      row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v[r]));
+      sink_[r] = p_.sinks && span.begin == 0 ? p_.sinks[head_of(p_, tile_[r]->batch)] * kLog2e
+                                             : -std::numeric_limits<float>::infinity();
+      row_max_[r] = std::max(hn::GetLane(hn::MaxOfLanes(d, max_v[r])), sink_[r]);
       m_v[r] = hn::Set(d, std::isinf(row_max_[r]) && row_max_[r] < 0 ? 0.0f : row_max_[r]);
       sum_v[r] = hn::Zero(d);
     }
@@ -1041,6 +1036,7 @@ class RowGroupAttention {
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
       sum_[r] = hn::GetLane(hn::SumOfLanes(d, sum_v[r]));
+      if (p_.sinks && span.begin == 0) sum_[r] += std::exp2(sink_[r] - row_max_[r]);
       out_factor_[r] = span.partial ? keep_scale : keep_scale / sum_[r];
       float* scores = scores_[r];
       if (tile.weights) {
@@ -1114,7 +1110,7 @@ class RowGroupAttention {
     }
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
-      const bool excluded_row = !visible_[r] && (p_.mask != nullptr || p_.causal);
+      const bool excluded_row = !visible_[r] && FixesFullyExcludedRows(p_);
       if (tile.logsumexp) {
         tile.logsumexp[row_[r] * p_.logsumexp_strides.row] =
             excluded_row ? FullyExcludedLogSumExp(p_) : LogSumExp(row_max_[r], sum_[r]);
@@ -1147,6 +1143,7 @@ class RowGroupAttention {
   RowWorkspace& ws_;
   const Tile* tile_[G];  // operands of each row's batch index
   int64_t row_[G];       // each row's query index
+  VisibleKeys visible_keys_[G];
   int64_t key_end_[G];
   bool visible_[G];
   float row_max_[G];
@@ -1296,7 +1293,7 @@ void MergeRow(const SdpaParams& p, const PartialRows* chunks, int64_t count, int
   }
   const float inv_sum = 1.0f / sum;
   for (int64_t col = 0; col < p.value_dim; ++col) dest[col] *= inv_sum;
-  const bool excluded_row = !visible && (p.mask != nullptr || p.causal);
+  const bool excluded_row = !visible && FixesFullyExcludedRows(p);
   if (tile.logsumexp) {
     tile.logsumexp[query * p.logsumexp_strides.row] =
         excluded_row ? FullyExcludedLogSumExp(p) : LogSumExp(max, sum);

@@ -35,9 +35,12 @@
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
 #include "runtime_internal.hpp"
+#include "score_rule_layer.hpp"
 
 // Exp2, kLog2e, DenormalsAreZero and ParallelItems, once per target.
 #include "kernels/kernel_common-inl.h"
+// The score rules a vector at a time, once per target.
+#include "kernels/score_rules-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -166,6 +169,12 @@ struct BackwardWorkspace {
   hwy::AlignedFreeUniquePtr<float[]> prob_t;  // [Tk][Tq]  Sᵀ, then Pᵀ, then P̃ᵀ
   hwy::AlignedFreeUniquePtr<float[]> grad_t;  // [Tk][Tq]  dP̃ᵀ, then dSᵀ
   hwy::AlignedFreeUniquePtr<float[]> keep;    // [Tk][Tq]  Z/(1 − p), with dropout
+  // With score modifications: the scores after softcap and before the user rule, for their
+  // derivatives ([Tk][Tq] each).
+  hwy::AlignedFreeUniquePtr<float[]> after_softcap, before_user;
+  RowRules row_rules;                      // the query tile's rows' visible keys and documents
+  KeepTile pair_keep;                      // [Tk][Tq] the mask's and user mask's verdicts
+  uint8_t visible[kMaxQueryVectors * 16];  // ApplyExclusions' record, unused here
   // Rows with every key excluded (kUniform): [dead_count] of [Lq] (no std::vector: nothing
   // in an OpenMP region may throw).
   hwy::AlignedFreeUniquePtr<int64_t[]> dead_rows;
@@ -191,10 +200,16 @@ struct BackwardWorkspace {
     grad_t = hwy::AllocateAligned<float>(n(kKeyTile * tq));
     keep = hwy::AllocateAligned<float>(n(p.dropout > 0 ? kKeyTile * tq : 1));
     dead_rows = hwy::AllocateAligned<int64_t>(n(std::max<int64_t>(p.query_len, 1)));
+    after_softcap = hwy::AllocateAligned<float>(n(p.softcap > 0 ? kKeyTile * tq : 1));
+    before_user =
+        hwy::AllocateAligned<float>(n(p.user_rules && p.user_rules->modify ? kKeyTile * tq : 1));
+    row_rules.Allocate(tq);
+    if (has_pairwise_rules(p)) pair_keep.Allocate(kKeyTile, tq);
   }
   bool ok() const {
     return query_t && dout_t && query && dout && lse2 && delta && dq && key && dk && dv && prob_t &&
-           grad_t && keep && dead_rows;
+           grad_t && keep && dead_rows && after_softcap && before_user && row_rules.ok() &&
+           pair_keep.ok();
   }
 };
 
@@ -238,7 +253,8 @@ class BackwardItem {
   // Q̂ᵀ, Qᵀ padded, dOᵀ, dO padded, lse₂, D and the dead rows of batch index b_.
   void LoadQueryRows() {
     const int64_t lq = p_.query_len, lq_pad = ws_.lq_pad, e_pad = ws_.e_pad, ev_pad = ws_.ev_pad;
-    const float factor = p_.scale * kLog2e;
+    // Natural units when the scores are modified (ModifyScores applies log2 e).
+    const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
     const float* dout = bp_.grad_output + p_.batch_offset(bp_.grad_output_strides, b_);
     const float* out = p_.output + p_.batch_offset(p_.output_strides, b_);
     const float* lse = bp_.logsumexp + p_.batch_offset(bp_.logsumexp_strides, b_);
@@ -272,19 +288,18 @@ class BackwardItem {
       ws_.delta[i] = delta;
       if (RowHasVisibleKey(i)) {
         ws_.lse2[i] = lse[i * bp_.logsumexp_strides.row] * kLog2e;
-      } else if (!p_.zero_fully_masked_rows) {
+      } else if (!p_.zero_fully_masked_rows && p_.sinks == nullptr) {
         ws_.dead_rows[ws_.dead_count++] = i;  // P = 1/Lk, no gradient to S: dV only
       }
     }
   }
 
+  // Whether some key is_visible() to row i (by position alone when no pairwise rule exists).
   bool RowHasVisibleKey(int64_t i) const {
-    const int64_t last =
-        p_.causal ? std::min(p_.causal_last_key(i), p_.key_len - 1) : p_.key_len - 1;
-    if (mask_ == nullptr) return last >= 0;
-    const uint8_t* m = mask_ + i * p_.mask_strides.row;
-    for (int64_t j = 0; j <= last; ++j) {
-      if (m[j * p_.mask_strides.column] != 0) return true;
+    const VisibleKeys keys = visible_keys(p_, i);
+    if (!has_pairwise_rules(p_)) return keys.begin() < keys.end();
+    for (int64_t j = keys.begin(); j < keys.end(); ++j) {
+      if (is_visible(p_, b_, i, j)) return true;
     }
     return false;
   }
@@ -300,9 +315,9 @@ class BackwardItem {
     std::fill_n(ws_.dk.get(), kKeyTile * e_pad, 0.0f);
     std::fill_n(ws_.dv.get(), kKeyTile * ev_pad, 0.0f);
     // Query tiles that see at least one key of this tile (causality: from the first query
-    // whose last key reaches k0).
+    // whose last key reaches k0); the rules skip the others (RowRules::Classify).
     int64_t q_begin = 0;
-    if (p_.causal) q_begin = std::max<int64_t>(0, k0 - (p_.key_len - p_.query_len));
+    if (p_.causal && p_.prefix == 0) q_begin = std::max<int64_t>(0, k0 - p_.diagonal_offset);
     q_begin = q_begin / ws_.tq * ws_.tq;
     for (int64_t q0 = q_begin; q0 < p_.query_len; q0 += ws_.tq) QueryTile(k0, keys, q0);
     if (ws_.dead_count > 0) DeadRowsValues(k0, keys);
@@ -320,6 +335,17 @@ class BackwardItem {
   void QueryTile(int64_t k0, int64_t keys, int64_t q0) {
     const int64_t e_pad = ws_.e_pad, ev_pad = ws_.ev_pad;
     const int64_t tq = ws_.tq;
+    const int64_t query_rows = std::min(tq, p_.query_len - q0);
+    TileVerdict verdict = TileVerdict::kFull;
+    if (may_exclude(p_)) {
+      ws_.row_rules.Load(p_, b_, q0, query_rows, tq);
+      verdict = ws_.row_rules.Classify(p_, b_, k0, keys);
+      if (verdict == TileVerdict::kEmpty) return;
+      if (has_pairwise_rules(p_) &&
+          !ws_.pair_keep.Fill(p_, b_, mask_, q0, query_rows, k0, keys, tq)) {
+        return;
+      }
+    }
     float* prob_t = ws_.prob_t.get();
     float* grad_t = ws_.grad_t.get();
     // Sᵀ = K·Q̂ᵀ and dP̃ᵀ = V·dOᵀ: (keys × Tq), E and Ev deep.
@@ -327,10 +353,10 @@ class BackwardItem {
             ws_.query_t.get() + q0 * p_.head_dim, tq, prob_t, tq, false);
     Product(keys, tq / kLanes, p_.value_dim, value_ + k0 * p_.value_strides.row,
             p_.value_strides.row, 1, ws_.dout_t.get() + q0 * p_.value_dim, tq, grad_t, tq, false);
-    AdjustScores(k0, keys, q0);
+    AdjustScores(k0, keys, q0, verdict);
     if (p_.dropout > 0) DropoutFactors(k0, keys, q0);
     SoftmaxGradient(keys, q0);
-    if (grad_scores_) WriteGradScores(k0, keys, q0);
+    ModificationGradients(k0, keys, q0);
     // dV += P̃ᵀ·dO, dK += dSᵀ·Q (Tq deep), dQ += dS·K (keys deep).
     const int64_t rows = std::min(tq, p_.query_len - q0);
     Product(keys, ev_pad / kLanes, rows, prob_t, tq, 1, ws_.dout.get() + q0 * ev_pad, ev_pad,
@@ -341,42 +367,46 @@ class BackwardItem {
             ws_.dq.get() + q0 * e_pad, e_pad, true);
   }
 
-  // Bias (log2 domain) and exclusions (-inf: P = 0, as the forward's exp(-1e9 − lse)).
-  void AdjustScores(int64_t k0, int64_t keys, int64_t q0) {
+  // The score rules (score_rule_layer.hpp, as the forward applies them), excluded pairs -inf
+  // (P = 0, as the forward's exp(-1e9 − lse)).
+  void AdjustScores(int64_t k0, int64_t keys, int64_t q0, TileVerdict verdict) {
     const int64_t tq = ws_.tq;
     float* s = ws_.prob_t.get();
     const int64_t rows = std::min(tq, p_.query_len - q0);
-    const float excluded = -std::numeric_limits<float>::infinity();
-    if (bias_) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* bias = bias_ + (q0 + r) * p_.bias_strides.row + k0 * p_.bias_strides.column;
-        for (int64_t j = 0; j < keys; ++j)
-          s[j * tq + r] += bias[j * p_.bias_strides.column] * kLog2e;
-      }
+    if (has_score_mods(p_)) {
+      ModifyScores(p_, b_, bias_, q0, rows, k0, keys, tq, s,
+                   p_.softcap > 0 ? ws_.after_softcap.get() : nullptr,
+                   p_.user_rules && p_.user_rules->modify ? ws_.before_user.get() : nullptr);
+    } else if (bias_) {
+      AddBias(p_, bias_, q0, rows, k0, keys, tq, kLog2e, s);
     }
-    if (mask_) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const uint8_t* m = mask_ + (q0 + r) * p_.mask_strides.row + k0 * p_.mask_strides.column;
-        for (int64_t j = 0; j < keys; ++j) {
-          if (m[j * p_.mask_strides.column] == 0) s[j * tq + r] = excluded;
-        }
-      }
+    if (may_exclude(p_)) {
+      ApplyExclusions(p_, b_, ws_.row_rules, ws_.pair_keep, k0, keys, tq, verdict, s, ws_.visible,
+                      rows, -std::numeric_limits<float>::infinity());
     }
-    if (p_.causal && k0 + keys - 1 > p_.causal_last_key(q0)) {
-      // Key k0 + j is excluded for lane r iff r < k0 + j − causal_last_key(q0).
+  }
+
+  // dS back through the modifications: × the user rule's derivative (then dS is the bias's
+  // gradient, written when asked for), × softcap's 1 − tanh² = 1 − (s2/cap)².
+  void ModificationGradients(int64_t k0, int64_t keys, int64_t q0) {
+    const int64_t tq = ws_.tq;
+    float* grad_t = ws_.grad_t.get();
+    const int64_t rows = std::min(tq, p_.query_len - q0);
+    if (p_.user_rules && p_.user_rules->modify) {
+      const UserScoreRules& u = *p_.user_rules;
+      u.modify_gradient(u.score_mod,
+                        RuleTile{b_ / p_.heads, head_of(p_, b_), q0, k0, rows, keys, 1, tq},
+                        ws_.before_user.get(), grad_t);
+    }
+    if (grad_scores_) WriteGradScores(k0, keys, q0);
+    if (p_.softcap > 0) {
       const DF d;
-      const hn::RebindToSigned<DF> di;
-      const VF excluded_v = hn::Set(d, excluded);
-      const int64_t first_limit = k0 - p_.causal_last_key(q0);
+      const VF one = hn::Set(d, 1.0f), inv_cap = hn::Set(d, 1.0f / p_.softcap);
       for (int64_t j = 0; j < keys; ++j) {
-        const auto limit =
-            hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(first_limit + j, -1, tq)));
         for (int64_t r = 0; r < tq; r += kLanes) {
-          const auto lane = hn::Iota(di, static_cast<int32_t>(r));
-          float* row = s + j * tq + r;
-          hn::Store(
-              hn::IfThenElse(hn::RebindMask(d, hn::Lt(lane, limit)), excluded_v, hn::Load(d, row)),
-              d, row);
+          const VF t = hn::Mul(hn::Load(d, ws_.after_softcap.get() + j * tq + r), inv_cap);
+          float* g = grad_t + j * tq + r;
+          hn::Store(hn::Mul(hn::Load(d, g), hn::NegMulAdd(t, t, one)), d, g);
         }
       }
     }

@@ -6,6 +6,7 @@
 
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
+#include "score_rule_layer.hpp"
 
 namespace attend::detail {
 
@@ -13,29 +14,26 @@ ReferenceRow reference_row_weights(const SdpaParams& p, int64_t b, int64_t i, do
                                    char* excluded) {
   const float* q = p.query + p.batch_offset(p.query_strides, b) + i * p.query_strides.row;
   const float* k = p.key + p.batch_offset(p.key_strides, b);
-  // 1. scores = Q·Kᵀ · scale + bias, then masked_fill(excluded, -1e9).
+  // 1. scores = Q·Kᵀ · scale, the modifications (softcap, bias, ALiBi, user rule), then
+  // masked_fill(excluded, -1e9): the steps of score_rule_layer.hpp.
   ReferenceRow row;
   for (int64_t j = 0; j < p.key_len; ++j) {
     const float* kj = k + j * p.key_strides.row;
     double dot = 0;
     for (int64_t e = 0; e < p.head_dim; ++e) dot += double{q[e]} * double{kj[e]};
-    double s = dot * double{p.scale};
-    if (p.bias) {
-      s += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
-                  j * p.bias_strides.column];
-    }
-    bool out = p.causal && j > p.causal_last_key(i);
-    if (p.mask && p.mask[p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row +
-                         j * p.mask_strides.column] == 0) {
-      out = true;
-    }
+    const double s = modified_score(p, b, i, j, dot * double{p.scale});
+    const bool out = !is_visible(p, b, i, j);
     if (excluded) excluded[j] = out;
     row.any_visible |= !out;
     weights[j] = out ? double{kExcludedScore} : s;
   }
-  // 2. weights = softmax(scores); the zero option empties fully excluded rows.
+  // 2. weights = softmax(scores), the sink (a logit with no value) in the denominator; the
+  // zero option empties fully excluded rows.
+  const double sink = sink_of(p, b);
   const bool zero_row = !row.any_visible && p.zero_fully_masked_rows;
+  row.max_score = sink;
   for (int64_t j = 0; j < p.key_len; ++j) row.max_score = std::max(row.max_score, weights[j]);
+  row.sum = std::exp(sink - row.max_score);
   for (int64_t j = 0; j < p.key_len; ++j) {
     weights[j] = std::exp(weights[j] - row.max_score);
     row.sum += weights[j];
@@ -62,7 +60,7 @@ void reference_sdpa(const SdpaParams& params) {
       // 1.–2. scores, masked_fill(excluded, -1e9), weights = softmax(scores).
       const ReferenceRow softmax = reference_row_weights(p, b, i, scores.data(), nullptr);
       if (p.logsumexp) {
-        const bool zero_row = !softmax.any_visible && p.zero_fully_masked_rows;
+        const bool zero_row = !softmax.any_visible && p.zero_fully_masked_rows && !p.sinks;
         p.logsumexp[p.batch_offset(p.logsumexp_strides, b) + i * p.logsumexp_strides.row] =
             zero_row ? -INFINITY : static_cast<float>(softmax.max_score + std::log(softmax.sum));
       }

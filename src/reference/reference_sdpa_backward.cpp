@@ -8,6 +8,7 @@
 
 #include "dropout.hpp"
 #include "reference/reference_sdpa.hpp"
+#include "score_rule_layer.hpp"
 
 namespace attend::detail {
 
@@ -26,7 +27,7 @@ void reference_sdpa_backward(const SdpaBackwardParams& params) {
     const float* v = p.value + p.batch_offset(p.value_strides, b);
     const float* grad_out = params.grad_output + p.batch_offset(params.grad_output_strides, b);
     std::vector<double> grad_key(lk * e_dim, 0.0), grad_value(lk * ev_dim, 0.0);
-    std::vector<double> weight(lk), kept(lk), grad_kept(lk), grad_score(lk);
+    std::vector<double> weight(lk), kept(lk), grad_kept(lk), grad_score(lk), grad_bias(lk);
     std::vector<char> excluded(lk);
     std::vector<double> grad_query(e_dim);
 
@@ -52,7 +53,18 @@ void reference_sdpa_backward(const SdpaBackwardParams& params) {
       for (size_t j = 0; j < lk; ++j) row_dot += weight[j] * grad_kept[j];
       std::fill(grad_query.begin(), grad_query.end(), 0.0);
       for (size_t j = 0; j < lk; ++j) {
-        grad_score[j] = excluded[j] ? 0.0 : weight[j] * (grad_kept[j] - row_dot);
+        // Back through the modifications (score_rule_layer.hpp): dS of the bias is dS·user',
+        // dS of the scaled score dS·user'·softcap'.
+        ScoreDerivatives derivatives;
+        if (!excluded[j] && (p.softcap > 0 || (p.user_rules && p.user_rules->modify))) {
+          const float* kj = k + static_cast<int64_t>(j) * p.key_strides.row;
+          double dot = 0;
+          for (size_t e = 0; e < e_dim; ++e) dot += double{qi[e]} * double{kj[e]};
+          derivatives =
+              modified_score_derivatives(p, b, i, static_cast<int64_t>(j), dot * double{p.scale});
+        }
+        grad_bias[j] = excluded[j] ? 0.0 : weight[j] * (grad_kept[j] - row_dot) * derivatives.user;
+        grad_score[j] = grad_bias[j] * derivatives.softcap;
         const float* kj = k + static_cast<int64_t>(j) * p.key_strides.row;
         for (size_t e = 0; e < e_dim; ++e) {
           grad_query[e] += grad_score[j] * kj[e];
@@ -65,7 +77,7 @@ void reference_sdpa_backward(const SdpaBackwardParams& params) {
       if (params.grad_scores) {
         float* ds = params.grad_scores + p.batch_offset(params.grad_scores_strides, b) +
                     i * params.grad_scores_strides.row;
-        for (size_t j = 0; j < lk; ++j) ds[j] = static_cast<float>(grad_score[j]);
+        for (size_t j = 0; j < lk; ++j) ds[j] = static_cast<float>(grad_bias[j]);
       }
     }
     float* dk = params.grad_key + p.batch_offset(params.grad_key_strides, b);

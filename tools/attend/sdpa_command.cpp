@@ -186,7 +186,7 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
     gradients.key = Tensor(key.dtype(), key.shape());
     gradients.value = Tensor(value.dtype(), value.shape());
     AttentionGradientViews views{gradients.query.view(), gradients.key.view(),
-                                 gradients.value.view(), std::nullopt};
+                                 gradients.value.view(), std::nullopt, std::nullopt};
     if (given("--grad-bias")) {
       gradients.bias = Tensor(bias->dtype(), bias->shape());
       views.bias = gradients.bias.view();

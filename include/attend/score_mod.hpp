@@ -1,0 +1,196 @@
+// attend/score_mod.hpp: attention variants written by the user (FlexAttention's score_mod and
+// mask_mod), run inside the fused forward and backward.
+//
+//   auto alibi = [&](auto score, int64_t b, int64_t h, int64_t q, int64_t kv) {
+//     return score + slopes[h] * static_cast<float>(kv - q);
+//   };
+//   auto same_document = [&](int64_t b, int64_t h, int64_t q, int64_t kv) {
+//     return documents[q] == documents[kv];
+//   };
+//   options.user_rules = attend::make_score_rules(alibi, same_document);
+//
+// score_mod(score, b, h, q, kv) returns the modified score (step 5 of attend/score_rules.hpp:
+// after scale, softcap, bias and ALiBi, in natural units); mask_mod(b, h, q, kv) returns
+// whether key kv takes part in query q's softmax (step 6). b is the batch index over the
+// batch dimensions before the last, h the index in the last one (the head); q and kv are the
+// query and key indices. Either may be attend::kNoScoreMod / attend::kNoMaskMod.
+//
+// Contract:
+// - Pure and deterministic: the same arguments give the same result, whichever thread asks
+//   and however often (the backward recomputes scores; tiles may be evaluated more than once).
+// - No exceptions, no allocation, no locks: they run in the kernels' inner loops on every
+//   thread at once.
+// - score_mod is generic in the score's type (`auto score`): the backward calls it with
+//   attend::Dual<float> to obtain ∂score_mod/∂score. Use +, −, ·, / with floats and
+//   attend::tanh / attend::exp on the score; anything else of the score is not supported.
+// - The callables must outlive the attention call that uses them.
+//
+// The kernels call the rules once per tile of scores (up to 128 keys × 64 queries) through one
+// function pointer; inside, the user's callables are inlined into a plain loop compiled in the
+// user's translation unit. Results match a built-in rule written the same way bit for bit when
+// both are compiled without contraction of a·b + c into fused multiply-adds (GCC's default
+// in ISO C++ mode; clang needs -ffp-contract=off).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace attend {
+
+// A value with its derivative with respect to the score (forward-mode differentiation).
+template <class T>
+struct Dual {
+  T value;
+  T derivative;
+};
+template <class T>
+Dual<T> operator+(Dual<T> a, Dual<T> b) {
+  return {a.value + b.value, a.derivative + b.derivative};
+}
+template <class T>
+Dual<T> operator+(Dual<T> a, T b) {
+  return {a.value + b, a.derivative};
+}
+template <class T>
+Dual<T> operator+(T a, Dual<T> b) {
+  return {a + b.value, b.derivative};
+}
+template <class T>
+Dual<T> operator-(Dual<T> a, Dual<T> b) {
+  return {a.value - b.value, a.derivative - b.derivative};
+}
+template <class T>
+Dual<T> operator-(Dual<T> a, T b) {
+  return {a.value - b, a.derivative};
+}
+template <class T>
+Dual<T> operator-(T a, Dual<T> b) {
+  return {a - b.value, -b.derivative};
+}
+template <class T>
+Dual<T> operator-(Dual<T> a) {
+  return {-a.value, -a.derivative};
+}
+template <class T>
+Dual<T> operator*(Dual<T> a, Dual<T> b) {
+  return {a.value * b.value, a.derivative * b.value + a.value * b.derivative};
+}
+template <class T>
+Dual<T> operator*(Dual<T> a, T b) {
+  return {a.value * b, a.derivative * b};
+}
+template <class T>
+Dual<T> operator*(T a, Dual<T> b) {
+  return {a * b.value, a * b.derivative};
+}
+template <class T>
+Dual<T> operator/(Dual<T> a, T b) {
+  return {a.value / b, a.derivative / b};
+}
+template <class T>
+Dual<T> operator/(Dual<T> a, Dual<T> b) {
+  return {a.value / b.value,
+          (a.derivative * b.value - a.value * b.derivative) / (b.value * b.value)};
+}
+inline float tanh(float x) { return std::tanh(x); }
+inline float exp(float x) { return std::exp(x); }
+template <class T>
+Dual<T> tanh(Dual<T> a) {
+  const T t = std::tanh(a.value);
+  return {t, a.derivative * (T(1) - t * t)};
+}
+template <class T>
+Dual<T> exp(Dual<T> a) {
+  const T e = std::exp(a.value);
+  return {e, a.derivative * e};
+}
+
+// Where a rule is evaluated: element (r, c) of a tile is query first_query + r and key
+// first_key + c, at offset r·query_step + c·key_step of the arrays the rule reads and writes.
+struct RuleTile {
+  int64_t batch;  // b: index over the batch dimensions before the last
+  int64_t head;   // h: index in the last batch dimension
+  int64_t first_query, first_key;
+  int64_t rows, columns;
+  int64_t query_step, key_step;
+};
+
+// The user's rules, type-erased: what AttentionOptions::user_rules holds. Built by
+// make_score_rules; each function pointer is null when its rule is absent.
+struct UserScoreRules {
+  const void* score_mod = nullptr;
+  const void* mask_mod = nullptr;
+  // scores[...] = score_mod(scores[...], b, h, q, kv) over the tile.
+  void (*modify)(const void* score_mod, const RuleTile& tile, float* scores) = nullptr;
+  // grad[...] *= ∂score_mod/∂s at s = scores[...] (the scores before the rule).
+  void (*modify_gradient)(const void* score_mod, const RuleTile& tile, const float* scores,
+                          float* grad) = nullptr;
+  // keep[...] = mask_mod(b, h, q, kv) over the tile (1 keeps, 0 excludes).
+  void (*mask)(const void* mask_mod, const RuleTile& tile, unsigned char* keep) = nullptr;
+};
+
+struct NoScoreMod {};
+struct NoMaskMod {};
+inline constexpr NoScoreMod kNoScoreMod{};
+inline constexpr NoMaskMod kNoMaskMod{};
+
+namespace detail {
+
+template <class ScoreMod>
+void modify_tile(const void* rule, const RuleTile& t, float* scores) {
+  const ScoreMod& score_mod = *static_cast<const ScoreMod*>(rule);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    for (int64_t c = 0; c < t.columns; ++c) {
+      float& s = scores[r * t.query_step + c * t.key_step];
+      s = score_mod(s, t.batch, t.head, t.first_query + r, t.first_key + c);
+    }
+  }
+}
+
+template <class ScoreMod>
+void modify_gradient_tile(const void* rule, const RuleTile& t, const float* scores, float* grad) {
+  const ScoreMod& score_mod = *static_cast<const ScoreMod*>(rule);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    for (int64_t c = 0; c < t.columns; ++c) {
+      const int64_t at = r * t.query_step + c * t.key_step;
+      const Dual<float> s = score_mod(Dual<float>{scores[at], 1.0f}, t.batch, t.head,
+                                      t.first_query + r, t.first_key + c);
+      grad[at] *= s.derivative;
+    }
+  }
+}
+
+template <class MaskMod>
+void mask_tile(const void* rule, const RuleTile& t, unsigned char* keep) {
+  const MaskMod& mask_mod = *static_cast<const MaskMod*>(rule);
+  for (int64_t r = 0; r < t.rows; ++r) {
+    for (int64_t c = 0; c < t.columns; ++c) {
+      keep[r * t.query_step + c * t.key_step] = static_cast<unsigned char>(
+          mask_mod(t.batch, t.head, t.first_query + r, t.first_key + c) ? 1 : 0);
+    }
+  }
+}
+
+}  // namespace detail
+
+// The rules for AttentionOptions::user_rules; the callables must outlive the calls using them.
+// Lvalues only (a temporary would be gone before the call): name the lambdas first.
+template <class ScoreMod, class MaskMod = const NoMaskMod>
+UserScoreRules make_score_rules(ScoreMod& score_mod, MaskMod& mask_mod = kNoMaskMod) {
+  using S = std::remove_const_t<ScoreMod>;
+  using M = std::remove_const_t<MaskMod>;
+  UserScoreRules rules;
+  if constexpr (!std::is_same_v<S, NoScoreMod>) {
+    rules.score_mod = &score_mod;
+    rules.modify = &detail::modify_tile<S>;
+    rules.modify_gradient = &detail::modify_gradient_tile<S>;
+  }
+  if constexpr (!std::is_same_v<M, NoMaskMod>) {
+    rules.mask_mod = &mask_mod;
+    rules.mask = &detail::mask_tile<M>;
+  }
+  return rules;
+}
+
+}  // namespace attend

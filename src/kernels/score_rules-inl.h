@@ -1,0 +1,251 @@
+// score_rules-inl.h: the score rules of score_rule_layer.hpp a vector at a time, for score
+// tiles laid out as the query tiles lay them out: scores[j·tq + r] for key k0 + j and query
+// q0 + r, queries along the lanes (tq a multiple of the lanes). Used by the forward's query
+// tiles and by the backward. Compiled once per Highway target (include after
+// kernel_common-inl.h).
+#if defined(ATTEND_KERNELS_SCORE_RULES_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTEND_KERNELS_SCORE_RULES_INL_H_
+#undef ATTEND_KERNELS_SCORE_RULES_INL_H_
+#else
+#define ATTEND_KERNELS_SCORE_RULES_INL_H_
+#endif
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "attend/sdpa.hpp"
+#include "score_rule_layer.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attend::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// What the rules leave of a (query tile, key tile) pair: nothing (never computed), every
+// pair (no per-element exclusion), or some pairs.
+enum class TileVerdict : uint8_t { kEmpty, kFull, kPartial };
+
+// The rows of one query tile as the rules see them: each row's visible keys by position
+// (visible_keys: [0, prefix_end) ∪ [first, last]) and its document, as int32 lanes.
+// first and last never decrease with the query index, so the tile's first and last rows
+// bound the whole tile.
+struct RowRules {
+  hwy::AlignedFreeUniquePtr<int32_t[]> first, last, segment;  // [Tq]
+  int64_t prefix_end = 0;
+  int64_t rows = 0;
+  int32_t min_segment = 0, max_segment = 0;
+
+  void Allocate(int64_t tq) {
+    first = hwy::AllocateAligned<int32_t>(static_cast<size_t>(tq));
+    last = hwy::AllocateAligned<int32_t>(static_cast<size_t>(tq));
+    segment = hwy::AllocateAligned<int32_t>(static_cast<size_t>(tq));
+  }
+  bool ok() const { return first && last && segment; }
+
+  // Rows [q0, q0 + rows) of batch index b; lanes past the last row repeat it.
+  void Load(const SdpaParams& p, int64_t b, int64_t q0, int64_t row_count, int64_t tq) {
+    rows = row_count;
+    for (int64_t r = 0; r < tq; ++r) {
+      const int64_t i = q0 + std::min(r, rows - 1);
+      const VisibleKeys keys = visible_keys(p, i);
+      prefix_end = keys.prefix_end;
+      first[r] = static_cast<int32_t>(std::clamp<int64_t>(keys.first, -1, p.key_len));
+      last[r] = static_cast<int32_t>(std::clamp<int64_t>(keys.last, -1, p.key_len));
+      segment[r] = p.segment_query ? query_segment(p, b, i) : 0;
+    }
+    min_segment = *std::min_element(segment.get(), segment.get() + rows);
+    max_segment = *std::max_element(segment.get(), segment.get() + rows);
+  }
+
+  // Keys [k0, k0 + keys) against the loaded rows, by position and document (the mask and
+  // user masks are judged by KeepTile::Fill).
+  TileVerdict Classify(const SdpaParams& p, int64_t b, int64_t k0, int64_t keys) const {
+    if (!may_exclude(p)) return TileVerdict::kFull;
+    const int64_t k_last = k0 + keys - 1;
+    const bool in_prefix = k_last < prefix_end;
+    if (!in_prefix && k0 >= prefix_end && (k_last < first[0] || k0 > last[rows - 1])) {
+      return TileVerdict::kEmpty;
+    }
+    bool full = in_prefix || (first[rows - 1] <= k0 && k_last <= last[0]);
+    if (p.segment_query) {
+      int32_t lo = key_segment(p, b, k0), hi = lo;
+      for (int64_t j = k0 + 1; j <= k_last; ++j) {
+        const int32_t s = key_segment(p, b, j);
+        lo = std::min(lo, s);
+        hi = std::max(hi, s);
+      }
+      if (hi < min_segment || lo > max_segment) return TileVerdict::kEmpty;
+      full = full && lo == hi && min_segment == max_segment && lo == min_segment;
+    }
+    full = full && p.mask == nullptr && !(p.user_rules && p.user_rules->mask);
+    return full ? TileVerdict::kFull : TileVerdict::kPartial;
+  }
+};
+
+// The verdicts of the mask and the user's mask rule on one (key tile, query tile):
+// keep[j·tq + r] nonzero where both keep the pair.
+struct KeepTile {
+  hwy::AlignedFreeUniquePtr<uint8_t[]> keep, user;
+  int64_t tq = 0;
+  bool needed = false;
+
+  void Allocate(int64_t tk, int64_t tile_queries) {
+    needed = true;
+    keep = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(tk * tile_queries));
+    user = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(tk * tile_queries));
+  }
+  bool ok() const { return !needed || (keep && user); }
+
+  // Keys [k0, k0 + keys) of rows [q0, q0 + rows) of batch index b (`mask`: the batch index's
+  // mask, or null). Returns whether any pair is kept (else the tile is skipped).
+  // tile_queries (<= the allocated tile's) is the stride of the verdicts' key rows.
+  bool Fill(const SdpaParams& p, int64_t b, const uint8_t* mask, int64_t q0, int64_t rows,
+            int64_t k0, int64_t keys, int64_t tile_queries) {
+    tq = tile_queries;
+    uint8_t* k = keep.get();
+    for (int64_t j = 0; j < keys; ++j) std::fill_n(k + j * tq, tq, uint8_t{mask == nullptr});
+    if (mask) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* m = mask + (q0 + r) * p.mask_strides.row + k0 * p.mask_strides.column;
+        for (int64_t j = 0; j < keys; ++j) {
+          k[j * tq + r] = static_cast<uint8_t>(m[j * p.mask_strides.column] != 0);
+        }
+      }
+    }
+    if (p.user_rules && p.user_rules->mask) {
+      const UserScoreRules& u = *p.user_rules;
+      u.mask(u.mask_mod, RuleTile{b / p.heads, head_of(p, b), q0, k0, rows, keys, 1, tq},
+             user.get());
+      for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t r = 0; r < rows; ++r) k[j * tq + r] &= user[j * tq + r];
+      }
+    }
+    uint8_t any = 0;
+    for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t r = 0; r < rows; ++r) any |= k[j * tq + r];
+    }
+    return any != 0;
+  }
+};
+
+// scores[j·tq + r] += bias(q0 + r, k0 + j)·unit (unit: log2 e in the log2 domain, else 1).
+inline void AddBias(const SdpaParams& p, const float* bias, int64_t q0, int64_t rows, int64_t k0,
+                    int64_t keys, int64_t tq, float unit, float* scores) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = bias + (q0 + r) * p.bias_strides.row + k0 * p.bias_strides.column;
+    for (int64_t j = 0; j < keys; ++j) scores[j * tq + r] += row[j * p.bias_strides.column] * unit;
+  }
+}
+
+// Steps 2-5 (score_rule_layer.hpp) on natural-unit scores, then × log2 e:
+// softcapped(s, cap), + bias, + alibi_term (slope·(j − i') in float, as there), the user rule.
+// For the backward, copies of the scores after step 2 (`after_softcap`) and before step 5
+// (`before_user`) are kept when those are not null.
+inline void ModifyScores(const SdpaParams& p, int64_t b, const float* bias, int64_t q0,
+                         int64_t rows, int64_t k0, int64_t keys, int64_t tq, float* scores,
+                         float* after_softcap = nullptr, float* before_user = nullptr) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const int64_t head = head_of(p, b);
+  if (p.softcap > 0) {
+    const VF cap = hn::Set(d, p.softcap);
+    for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t r = 0; r < tq; r += kLanes) {
+        float* s = scores + j * tq + r;
+        hn::Store(hn::Mul(cap, hn::Tanh(d, hn::Div(hn::Load(d, s), cap))), d, s);
+      }
+    }
+  }
+  if (after_softcap) std::copy_n(scores, keys * tq, after_softcap);
+  if (bias) AddBias(p, bias, q0, rows, k0, keys, tq, 1.0f, scores);
+  if (p.alibi_slopes) {
+    const VF slope = hn::Set(d, p.alibi_slopes[head]);
+    for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t r = 0; r < tq; r += kLanes) {
+        // j − i' for lane l: (k0 + j) − (q0 + r + l + offset).
+        const auto distance =
+            hn::Sub(hn::Set(di, static_cast<int32_t>(k0 + j - (q0 + r + p.diagonal_offset))),
+                    hn::Iota(di, 0));
+        float* s = scores + j * tq + r;
+        hn::Store(hn::Add(hn::Load(d, s), hn::Mul(slope, hn::ConvertTo(d, distance))), d, s);
+      }
+    }
+  }
+  if (p.user_rules && p.user_rules->modify) {
+    if (before_user) std::copy_n(scores, keys * tq, before_user);
+    const UserScoreRules& u = *p.user_rules;
+    u.modify(u.score_mod, RuleTile{b / p.heads, head, q0, k0, rows, keys, 1, tq}, scores);
+  }
+  const VF log2e = hn::Set(d, kLog2e);
+  for (int64_t j = 0; j < keys; ++j) {
+    for (int64_t r = 0; r < tq; r += kLanes) {
+      float* s = scores + j * tq + r;
+      hn::Store(hn::Mul(hn::Load(d, s), log2e), d, s);
+    }
+  }
+}
+
+// Step 6: scores of pairs that are_visible() refuses become `excluded` (the listing's -1e9 in
+// the log2 domain, or -inf for the backward); visible[r] |= some key of row r is visible.
+inline void ApplyExclusions(const SdpaParams& p, int64_t b, const RowRules& rows_rules,
+                            const KeepTile& keep, int64_t k0, int64_t keys, int64_t tq,
+                            TileVerdict verdict, float* scores, uint8_t* visible, int64_t rows,
+                            float excluded_score = kExcludedScore * kLog2e) {
+  if (verdict == TileVerdict::kFull) {
+    for (int64_t r = 0; r < rows; ++r) visible[r] = 1;
+    return;
+  }
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint8_t, decltype(di)> d8;
+  using MI = hn::Mask<decltype(di)>;
+  const VF excluded = hn::Set(d, excluded_score);
+  constexpr int64_t kMaxVectors = 4;
+  const int64_t vectors = tq / kLanes;
+  hn::Vec<decltype(di)> seen[kMaxVectors];
+  for (int64_t v = 0; v < vectors; ++v) seen[v] = hn::Zero(di);
+  const MI all = hn::FirstN(di, static_cast<size_t>(kLanes));
+  for (int64_t j = 0; j < keys; ++j) {
+    const int64_t key = k0 + j;
+    const bool in_prefix = key < rows_rules.prefix_end;
+    const auto key_plus_one = hn::Set(di, static_cast<int32_t>(key + 1));
+    const auto key_minus_one = hn::Set(di, static_cast<int32_t>(key - 1));
+    const auto key_segment_v = hn::Set(di, p.segment_query ? key_segment(p, b, key) : int32_t{0});
+    for (int64_t v = 0; v < vectors; ++v) {
+      // visible_keys: first <= key <= last, or key < prefix_end.
+      MI vis =
+          in_prefix
+              ? all
+              : hn::And(hn::Lt(hn::Load(di, rows_rules.first.get() + v * kLanes), key_plus_one),
+                        hn::Lt(key_minus_one, hn::Load(di, rows_rules.last.get() + v * kLanes)));
+      if (p.segment_query) {
+        vis = hn::And(vis,
+                      hn::Eq(hn::Load(di, rows_rules.segment.get() + v * kLanes), key_segment_v));
+      }
+      if (keep.needed) {
+        const auto kept = hn::PromoteTo(di, hn::LoadU(d8, keep.keep.get() + j * tq + v * kLanes));
+        vis = hn::And(vis, hn::Ne(kept, hn::Zero(di)));
+      }
+      float* s = scores + j * tq + v * kLanes;
+      hn::Store(hn::IfThenElse(hn::RebindMask(d, vis), hn::Load(d, s), excluded), d, s);
+      seen[v] = hn::Or(seen[v], hn::VecFromMask(di, vis));
+    }
+  }
+  HWY_ALIGN int32_t lanes[hn::MaxLanes(di)];
+  for (int64_t v = 0; v < vectors; ++v) {
+    hn::Store(seen[v], di, lanes);
+    for (int64_t l = 0; l < kLanes && v * kLanes + l < rows; ++l) {
+      visible[v * kLanes + l] |= static_cast<uint8_t>(lanes[l] != 0);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attend::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTEND_KERNELS_SCORE_RULES_INL_H_

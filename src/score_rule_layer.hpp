@@ -1,0 +1,214 @@
+// score_rule_layer.hpp: the one definition of how a raw score becomes the score that enters
+// the softmax (attend/score_rules.hpp states the steps), used by the reference, the fused
+// forward (row groups and query tiles) and the fused backward. The kernels evaluate these
+// definitions a vector at a time; each vector form cites the function here it renders.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "attend/score_mod.hpp"
+#include "attend/sdpa.hpp"
+#include "sdpa_params.hpp"
+
+namespace attend::detail {
+
+// ---- Exclusion by position: causal, sliding window, prefix-LM -------------------------
+
+// The keys query i sees by position: [0, prefix_end) ∪ [first, last] (the second part empty
+// when first > last).
+struct VisibleKeys {
+  int64_t prefix_end;
+  int64_t first;
+  int64_t last;
+  bool contains(int64_t j) const { return j < prefix_end || (first <= j && j <= last); }
+  // One past the last visible key (0 when none).
+  int64_t end() const { return std::max(prefix_end, first <= last ? last + 1 : 0); }
+  // The first visible key (end() when none).
+  int64_t begin() const { return prefix_end > 0 ? 0 : std::min(first, end()); }
+};
+
+// causal: j <= i';  window: i' − left <= j <= i' + right;  prefix: j < P.
+inline VisibleKeys visible_keys(const SdpaParams& p, int64_t i) {
+  const int64_t aligned = i + p.diagonal_offset;
+  int64_t first = 0, last = p.key_len - 1;
+  if (p.causal) last = std::min(last, aligned);
+  if (p.window_left >= 0) first = std::max(first, aligned - p.window_left);
+  if (p.window_right >= 0) last = std::min(last, aligned + p.window_right);
+  return {std::min(p.prefix, p.key_len), first, last};
+}
+
+inline bool has_positional_rules(const SdpaParams& p) {
+  return p.causal || p.window_left >= 0 || p.window_right >= 0;
+}
+
+// ---- Exclusion by content: documents, mask, user mask -----------------------------------
+
+inline int64_t head_of(const SdpaParams& p, int64_t b) { return b % p.heads; }
+
+inline int32_t query_segment(const SdpaParams& p, int64_t b, int64_t i) {
+  return p
+      .segment_query[p.batch_offset(p.segment_query_strides, b) + i * p.segment_query_strides.row];
+}
+inline int32_t key_segment(const SdpaParams& p, int64_t b, int64_t j) {
+  return p.segment_key[p.batch_offset(p.segment_key_strides, b) + j * p.segment_key_strides.row];
+}
+
+// Rules that exclude single (query, key) pairs and so need a look at every pair of a tile.
+inline bool has_pairwise_rules(const SdpaParams& p) {
+  return p.mask != nullptr || p.segment_query != nullptr ||
+         (p.user_rules != nullptr && p.user_rules->mask != nullptr);
+}
+
+// Whether any rule may exclude a key (a row may then have no visible key at all).
+inline bool may_exclude(const SdpaParams& p) {
+  return has_positional_rules(p) || has_pairwise_rules(p);
+}
+
+// The user's mask rule on one pair (the kernels call it a tile at a time).
+inline bool user_mask_keeps(const SdpaParams& p, int64_t b, int64_t i, int64_t j) {
+  const UserScoreRules& u = *p.user_rules;
+  unsigned char keep = 1;
+  u.mask(u.mask_mod, RuleTile{b / p.heads, head_of(p, b), i, j, 1, 1, 0, 0}, &keep);
+  return keep != 0;
+}
+
+// Step 6: whether key j takes part in the softmax of query i of batch index b.
+inline bool is_visible(const SdpaParams& p, int64_t b, int64_t i, int64_t j) {
+  if (!visible_keys(p, i).contains(j)) return false;
+  if (p.segment_query && query_segment(p, b, i) != key_segment(p, b, j)) return false;
+  if (p.mask && p.mask[p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row +
+                       j * p.mask_strides.column] == 0) {
+    return false;
+  }
+  if (p.user_rules && p.user_rules->mask && !user_mask_keeps(p, b, i, j)) return false;
+  return true;
+}
+
+// Rows with no visible key get the listing's uniform weights (or kZero's zeros) by a fix-up
+// after the softmax; with a sink their weights come out 0 by themselves (exp(-1e9 − sink)).
+inline bool FixesFullyExcludedRows(const SdpaParams& p) {
+  return may_exclude(p) && p.sinks == nullptr;
+}
+
+// ---- Modification: softcap, bias, ALiBi, user score rule (steps 2-5) --------------------
+
+// Step 2: cap·tanh(s / cap).
+template <class T>
+T softcapped(T s, T cap) {
+  using std::tanh;
+  return cap * tanh(s / cap);
+}
+
+// Step 4: ALiBi's term slope·(j − i') for query i and key j, in float.
+inline float alibi_term(const SdpaParams& p, int64_t head, int64_t i, int64_t j) {
+  return p.alibi_slopes[head] * static_cast<float>(j - (i + p.diagonal_offset));
+}
+
+// Whether steps 2, 4 or 5 apply (bias alone keeps the kernels' log2-domain fast path).
+inline bool has_score_mods(const SdpaParams& p) {
+  return p.softcap > 0 || p.alibi_slopes != nullptr ||
+         (p.user_rules != nullptr && p.user_rules->modify != nullptr);
+}
+
+// Steps 2-5 on the scaled score s of (b, i, j), in double (the reference's precision; the
+// user's rule sees a float).
+inline double modified_score(const SdpaParams& p, int64_t b, int64_t i, int64_t j, double s) {
+  if (p.softcap > 0) s = softcapped(s, static_cast<double>(p.softcap));
+  if (p.bias) {
+    s += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
+                j * p.bias_strides.column];
+  }
+  if (p.alibi_slopes) {
+    s += static_cast<double>(p.alibi_slopes[head_of(p, b)]) *
+         static_cast<double>(j - (i + p.diagonal_offset));
+  }
+  if (p.user_rules && p.user_rules->modify) {
+    const UserScoreRules& u = *p.user_rules;
+    auto value = static_cast<float>(s);
+    u.modify(u.score_mod, RuleTile{b / p.heads, head_of(p, b), i, j, 1, 1, 0, 0}, &value);
+    s = value;
+  }
+  return s;
+}
+
+// Derivatives of steps 2-5 at the scaled score s, in double: with s2 = softcap(s) and
+// s5 = user(s2 + bias + ALiBi), ∂s5/∂bias = user' and ∂s5/∂s = user'·softcap'.
+struct ScoreDerivatives {
+  double user = 1.0;     // ∂s5/∂s4: the user rule's derivative at the score it saw
+  double softcap = 1.0;  // ∂s2/∂s = 1 − tanh²(s / cap)
+};
+inline ScoreDerivatives modified_score_derivatives(const SdpaParams& p, int64_t b, int64_t i,
+                                                   int64_t j, double s) {
+  ScoreDerivatives d;
+  if (p.softcap > 0) {
+    const double t = std::tanh(s / p.softcap);
+    d.softcap = 1.0 - t * t;
+  }
+  if (p.user_rules && p.user_rules->modify) {
+    const UserScoreRules& u = *p.user_rules;
+    // The score the user rule saw: steps 2-4.
+    double before = p.softcap > 0 ? softcapped(s, static_cast<double>(p.softcap)) : s;
+    if (p.bias) {
+      before += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
+                       j * p.bias_strides.column];
+    }
+    if (p.alibi_slopes) {
+      before += static_cast<double>(p.alibi_slopes[head_of(p, b)]) *
+                static_cast<double>(j - (i + p.diagonal_offset));
+    }
+    const auto seen = static_cast<float>(before);
+    float grad = 1.0f;
+    u.modify_gradient(u.score_mod, RuleTile{b / p.heads, head_of(p, b), i, j, 1, 1, 0, 0}, &seen,
+                      &grad);
+    d.user = grad;
+  }
+  return d;
+}
+
+// Steps 2-6 for row i of batch index b over keys [begin, begin + count), one row at a time
+// (the few-query kernel): scores[c] holds q_i·k_(begin + c) and becomes the log2-domain score
+// that enters the softmax, -1e9·log2 e where excluded. keep: count bytes of scratch when a
+// user mask rule exists. Returns whether some key is visible.
+inline bool apply_score_rules_to_row(const SdpaParams& p, int64_t b, int64_t i, int64_t begin,
+                                     int64_t count, float* scores, unsigned char* keep) {
+  constexpr float kLog2eFloat = 1.4426950408889634f;
+  const int64_t head = head_of(p, b);
+  const float* bias =
+      p.bias ? p.bias + p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row : nullptr;
+  for (int64_t c = 0; c < count; ++c) {
+    float s = scores[c] * p.scale;
+    if (p.softcap > 0) s = softcapped(s, p.softcap);
+    if (bias) s += bias[(begin + c) * p.bias_strides.column];
+    if (p.alibi_slopes) s += alibi_term(p, head, i, begin + c);
+    scores[c] = s;
+  }
+  const UserScoreRules* u = p.user_rules;
+  const RuleTile row{b / p.heads, head, i, begin, 1, count, 0, 1};
+  if (u && u->modify) u->modify(u->score_mod, row, scores);
+  if (u && u->mask) u->mask(u->mask_mod, row, keep);
+  const VisibleKeys keys = visible_keys(p, i);
+  const uint8_t* mask =
+      p.mask ? p.mask + p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row : nullptr;
+  const int32_t segment = p.segment_query ? query_segment(p, b, i) : 0;
+  bool any = false;
+  for (int64_t c = 0; c < count; ++c) {
+    const int64_t j = begin + c;
+    const bool visible =
+        keys.contains(j) && (!p.segment_query || key_segment(p, b, j) == segment) &&
+        (!mask || mask[j * p.mask_strides.column] != 0) && (!(u && u->mask) || keep[c] != 0);
+    scores[c] = visible ? scores[c] * kLog2eFloat : kExcludedScore * kLog2eFloat;
+    any = any || visible;
+  }
+  return any;
+}
+
+// ---- Sinks --------------------------------------------------------------------------------
+
+// Head h's sink logit, or -inf without sinks (exp(-inf) = 0 joins no denominator).
+inline float sink_of(const SdpaParams& p, int64_t b) {
+  return p.sinks ? p.sinks[head_of(p, b)] : -INFINITY;
+}
+
+}  // namespace attend::detail

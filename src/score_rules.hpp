@@ -1,0 +1,30 @@
+// score_rules.hpp: the score rules' options at the API boundary (validated once, then turned
+// into their part of SdpaParams). How the rules act on a score: score_rule_layer.hpp.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "attend/sdpa.hpp"
+#include "attend/tensor.hpp"
+#include "sdpa_boundary.hpp"
+#include "sdpa_params.hpp"
+
+namespace attend::detail {
+
+// Throws attend::Error naming the argument: windows, softcap, ALiBi slopes, sinks, segment
+// ids, prefix, user rules. scores_shape is (batch..., Lq, Lk).
+void validate_score_rules(const AttentionOptions& options, const Shape& scores_shape);
+
+// Converted copies the kernels read (float32 slopes and sinks, int32 segment ids).
+struct ScoreRuleInputs {
+  std::optional<Tensor> alibi_slopes, sinks, segment_query, segment_key;
+  std::vector<float> default_slopes;
+};
+
+// Fills causal, the alignment, window, prefix, softcap, heads, slopes, sinks, segments and
+// user rules of `p` (sizes already set).
+void fill_score_rules(SdpaParams& p, const AttentionOptions& options, const Shape& scores_shape,
+                      ScoreRuleInputs& storage);
+
+}  // namespace attend::detail
