@@ -25,6 +25,9 @@ struct VisibleKeys {
   bool contains(int64_t j) const { return j < prefix_end || (first <= j && j <= last); }
   // One past the last visible key (0 when none).
   int64_t end() const { return std::max(prefix_end, first <= last ? last + 1 : 0); }
+  // One past `last`, or past the prefix: for the last row of a tile, one past the last key any
+  // of its rows may see (last never decreases with the row; first may pass it).
+  int64_t reach() const { return std::max<int64_t>(prefix_end, last + 1); }
   // The first visible key (end() when none).
   int64_t begin() const { return prefix_end > 0 ? 0 : std::min(first, end()); }
 };

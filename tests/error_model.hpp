@@ -133,14 +133,17 @@ inline Tolerances sdpa_tolerances(const ReferenceProblem& p, const ErrorModelOpt
       }
       const double query_norm = norm2(&p.query[static_cast<size_t>((b * Lq + i) * E)], E);
       const double a = std::abs(p.scale) * query_norm * max_key_norm + max_bias;
+      // Softcap: tanh contracts the dot product's error; its own evaluation adds a few ulps
+      // of the cap (counted as 16).
+      const double softcap_error = 16 * u * p.softcap;
 
       double score_error, weight_error, output_error;
       if (options.accumulation == Accumulation::kFloat32) {
-        score_error = (gamma_n(E) + 4 * u) * a;
+        score_error = (gamma_n(E) + 4 * u) * a + softcap_error;
         weight_error = 2 * score_error + static_cast<double>(Lk + 8) * u;
         output_error = 2 * score_error + static_cast<double>(Lk + E + 8) * u;
       } else {
-        score_error = u * a;
+        score_error = u * a + softcap_error;
         weight_error = 2 * score_error + 2 * u;
         output_error = weight_error;
       }

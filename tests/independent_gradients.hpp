@@ -35,6 +35,7 @@ namespace attend::test {
 
 struct Gradients {
   std::vector<double> query, key, value, bias;  // row-major, shapes of the inputs and bias
+  std::vector<double> sinks;  // per batch index (the caller sums those of one head)
 };
 
 struct GradientCheck {
@@ -61,6 +62,7 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
     x->key.assign(static_cast<size_t>(p.batch() * Lk * E), 0.0);
     x->value.assign(static_cast<size_t>(p.batch() * Lk * Ev), 0.0);
     x->bias.assign(p.has_bias ? static_cast<size_t>(bias_count) : 0, 0.0);
+    x->sinks.assign(p.sinks.size(), 0.0);
   }
   std::vector<double> bias_abs_sum(g.bias.size(), 0.0), bias_terms(g.bias.size(), 0.0);
   const ReferenceResult forward = independent_attention(p);
@@ -99,21 +101,30 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
         if (p.has_bias) max_bias = std::max(max_bias, std::abs(bias_at(p, b, i, j)));
       }
       // P without dropout (the forward's weights hold P̃ = P·f).
-      std::vector<double> scores(static_cast<size_t>(Lk));
+      // Softcap: s = cap·tanh(raw / cap) + bias, ∂s/∂raw = 1 − tanh²(raw / cap).
+      std::vector<double> scores(static_cast<size_t>(Lk)), cap_slope(static_cast<size_t>(Lk), 1.0);
       bool any_visible = false;
       for (int64_t j = 0; j < Lk; ++j) {
         double dot = 0;
         for (int64_t e = 0; e < E; ++e) dot += q(i, e) * k(j, e);
         const bool vis = visible[static_cast<size_t>(j)] != 0;
         any_visible |= vis;
-        scores[static_cast<size_t>(j)] = vis ? dot * p.scale + bias_at(p, b, i, j) : -1e9;
+        double raw = dot * p.scale;
+        if (p.softcap > 0) {
+          const double tanh_raw = std::tanh(raw / p.softcap);
+          raw = p.softcap * tanh_raw;
+          cap_slope[static_cast<size_t>(j)] = 1.0 - tanh_raw * tanh_raw;
+        }
+        scores[static_cast<size_t>(j)] = vis ? raw + bias_at(p, b, i, j) : -1e9;
       }
-      const double m = *std::max_element(scores.begin(), scores.end());
-      double sum = 0;
+      // The sink: one more logit in the denominator, with no value.
+      const double sink = p.sinks.empty() ? -INFINITY : p.sinks[static_cast<size_t>(b)];
+      const double m = std::max(sink, *std::max_element(scores.begin(), scores.end()));
+      double sum = std::exp(sink - m);
       for (int64_t j = 0; j < Lk; ++j) sum += std::exp(scores[static_cast<size_t>(j)] - m);
       const bool zero_row = !any_visible && p.zero_fully_masked_rows;
       const double a = scale * std::sqrt(query_norm) * max_key_norm + max_bias;
-      const double delta = (gamma_n(E) + 4 * u) * a;
+      const double delta = (gamma_n(E) + 4 * u) * a + 16 * u * p.softcap;
       const double rho = 2 * delta + static_cast<double>(Lk + 16) * u +
                          4 * u * (a + std::log(static_cast<double>(Lk)));
       double output_abs = 0, grad_abs = 0;
@@ -139,28 +150,39 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
           gamma_n(Ev + 2) * output_abs +
           forward_tolerance.output[static_cast<size_t>(row)] / kSafety * grad_abs +
           half_output * output_abs;
+      // dSink_b += −P_sink·D (the sink's own dP is 0).
+      if (!p.sinks.empty()) {
+        const double p_sink = std::exp(sink - m) / sum;
+        g.sinks[static_cast<size_t>(b)] -= p_sink * row_dot;
+        t.sinks[static_cast<size_t>(b)] +=
+            rho * p_sink * std::abs(row_dot) + p_sink * error_row_dot;
+      }
       std::vector<double> row_error_direction(static_cast<size_t>(E), 0.0);
       for (int64_t j = 0; j < Lk; ++j) {
         const size_t jj = static_cast<size_t>(j);
         const bool vis = visible[jj] != 0;
         grad_score[jj] = vis ? weight[jj] * (grad_weight[jj] - row_dot) : 0.0;
+        // Q and K see dS through softcap's slope (its float error: 2·(δ/cap + 4u) of dS).
+        const double grad_raw = grad_score[jj] * cap_slope[jj];
+        const double error_slope =
+            p.softcap > 0 ? 2 * (delta / p.softcap + 4 * u) * std::abs(grad_score[jj]) : 0.0;
         const double e_p = rho * weight[jj];
         // The error of D_i is one number per row: in dQ_i it enters as
         // e_D·|Σ_j P_ij·K_j| (added below), not as Σ_j P_ij·e_D·|K_j|.
         const double error_own = vis ? e_p * (std::abs(grad_weight[jj]) + std::abs(row_dot)) +
-                                           weight[jj] * error_weight[jj]
+                                           weight[jj] * error_weight[jj] + error_slope
                                      : 0.0;
         error_score[jj] = vis ? error_own + weight[jj] * error_row_dot : 0.0;
         for (int64_t e = 0; e < E; ++e) {
           const size_t qi = static_cast<size_t>(row * E + e);
           const size_t kj = static_cast<size_t>((b * Lk + j) * E + e);
-          g.query[qi] += p.scale * grad_score[jj] * k(j, e);
+          g.query[qi] += p.scale * grad_raw * k(j, e);
           t.query[qi] += scale * (error_own * std::abs(k(j, e)) +
-                                  gamma_n(Lk + 2) * std::abs(grad_score[jj] * k(j, e)));
+                                  gamma_n(Lk + 2) * std::abs(grad_raw * k(j, e)));
           if (vis) row_error_direction[static_cast<size_t>(e)] += weight[jj] * k(j, e);
-          g.key[kj] += p.scale * grad_score[jj] * q(i, e);
+          g.key[kj] += p.scale * grad_raw * q(i, e);
           t.key[kj] += scale * (error_score[jj] * std::abs(q(i, e)) +
-                                gamma_n(Lq + 2) * std::abs(grad_score[jj] * q(i, e)));
+                                gamma_n(Lq + 2) * std::abs(grad_raw * q(i, e)));
         }
         const double kept = weight[jj] * factor[jj];
         for (int64_t c = 0; c < Ev; ++c) {
@@ -187,7 +209,7 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
   for (size_t n = 0; n < g.bias.size(); ++n) {  // the float64 sums of dS over β's positions
     t.bias[n] += gamma_n(static_cast<int64_t>(bias_terms[n]) + 2) * bias_abs_sum[n];
   }
-  for (std::vector<double>* values : {&t.query, &t.key, &t.value, &t.bias}) {
+  for (std::vector<double>* values : {&t.query, &t.key, &t.value, &t.bias, &t.sinks}) {
     for (double& tol : *values) tol *= kSafety;
   }
   if (half_inputs) {

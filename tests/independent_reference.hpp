@@ -5,9 +5,10 @@
 // reference backend (the oracle of the differential harness), so the oracle itself is
 // checked. Dropout only as given factors (ReferenceProblem::dropout_factor).
 //
-//   scores  = Q·Kᵀ · scale + bias               (batch..., Lq, Lk)
+//   scores  = Q·Kᵀ · scale (softcapped) + bias  (batch..., Lq, Lk)
 //   scores  = masked_fill(mask == 0 or (causal and j > i + Lk - Lq), -1e9)
-//   weights = softmax(scores, dim = -1)          uniform rows stay uniform (or zero)
+//   weights = softmax(scores, dim = -1)          uniform rows stay uniform (or zero); a sink
+//                                                adds exp(sink) to the denominator
 //   output  = weights · V                        (batch..., Lq, Ev)
 #pragma once
 
@@ -35,6 +36,11 @@ struct ReferenceProblem {
   std::vector<double> bias;
   bool causal = false;
   double scale = 1.0;
+  // Logit soft-capping: score = softcap·tanh(score / softcap) before the bias; 0: none.
+  double softcap = 0.0;
+  // Attention sinks: one logit per batch index joining each row's softmax denominator, with
+  // no value; empty: none.
+  std::vector<double> sinks;
   bool zero_fully_masked_rows = false;
   // Dropout: the factor (0 or 1/(1 − p)) of weight (b, i, j) at flat index (b·Lq + i)·Lk + j;
   // empty means no dropout.
@@ -115,7 +121,9 @@ inline ReferenceResult independent_attention(const ReferenceProblem& p) {
           dot += p.query[static_cast<size_t>((b * Lq + i) * E + e)] *
                  p.key[static_cast<size_t>((b * Lk + j) * E + e)];
         }
-        double score = dot * p.scale + bias_at(p, b, i, j);
+        double score = dot * p.scale;
+        if (p.softcap > 0) score = p.softcap * std::tanh(score / p.softcap);
+        score += bias_at(p, b, i, j);
         if (is_visible(p, b, i, j)) {
           any_visible = true;
         } else {
@@ -125,11 +133,13 @@ inline ReferenceResult independent_attention(const ReferenceProblem& p) {
       }
       // 2. softmax. A NaN score is skipped by the max and then spreads through the sum to
       // every weight of the row, as in PyTorch.
-      double max_score = -INFINITY;
+      // The sink is one more logit in the softmax, with no value.
+      const double sink = p.sinks.empty() ? -INFINITY : p.sinks[static_cast<size_t>(b)];
+      double max_score = sink;
       for (double s : scores) {
         if (s > max_score) max_score = s;
       }
-      double sum = 0.0;
+      double sum = std::exp(sink - max_score);
       for (double s : scores) sum += std::exp(s - max_score);
       double* weights = &result.weights[static_cast<size_t>((b * Lq + i) * Lk)];
       for (int64_t j = 0; j < Lk; ++j) {

@@ -122,6 +122,14 @@ void expect_close(const std::string& what, const std::vector<double>& got,
                         << tolerance[worst_at];
 }
 
+// Per-batch-index sums (the independent gradient's dSinks) summed over each head.
+std::vector<double> per_head(const std::vector<double>& per_batch, int64_t heads) {
+  std::vector<double> sums(static_cast<size_t>(heads), 0.0);
+  for (size_t b = 0; b < per_batch.size(); ++b)
+    sums[b % static_cast<size_t>(heads)] += per_batch[b];
+  return sums;
+}
+
 void expect_gradients_close(const std::string& what, const Outcome& r, const GradientCheck& check) {
   expect_close(what + " dQ", values_of(r.gradients.query.view()), check.exact.query,
                check.tolerance.query);
@@ -129,9 +137,15 @@ void expect_gradients_close(const std::string& what, const Outcome& r, const Gra
                check.tolerance.key);
   expect_close(what + " dV", values_of(r.gradients.value.view()), check.exact.value,
                check.tolerance.value);
-  if (!check.exact.bias.empty()) {
+  // The problem's bias also holds ALiBi; only a bias of the options has a gradient.
+  if (!r.gradients.bias.empty()) {
     expect_close(what + " dBias", values_of(r.gradients.bias.view()), check.exact.bias,
                  check.tolerance.bias);
+  }
+  if (!check.exact.sinks.empty()) {
+    const int64_t heads = r.gradients.sinks.numel();
+    expect_close(what + " dSinks", values_of(r.gradients.sinks.view()),
+                 per_head(check.exact.sinks, heads), per_head(check.tolerance.sinks, heads));
   }
 }
 
@@ -186,6 +200,7 @@ TEST(SdpaBackward, IndependentGradientMatchesFiniteDifferences) {
     check("key", p.key, c.check.exact.key);
     check("value", p.value, c.check.exact.value);
     if (p.has_bias) check("bias", p.bias, c.check.exact.bias);
+    if (!p.sinks.empty()) check("sinks", p.sinks, c.check.exact.sinks);
   }
   EXPECT_GE(checked, 15);
 }
@@ -221,7 +236,9 @@ TEST(SdpaBackward, LogSumExpMatchesIndependentForward) {
       for (int64_t b = 0; b < p.batch(); ++b) {
         for (int64_t i = 0; i < p.query_len; ++i) {
           const double got = lse[static_cast<size_t>(b * p.query_len + i)];
-          if (row_fully_excluded(p, b, i)) {
+          // With a sink, the sink alone: log(exp(sink)).
+          const double sink = p.sinks.empty() ? -INFINITY : p.sinks[static_cast<size_t>(b)];
+          if (row_fully_excluded(p, b, i) && p.sinks.empty()) {
             const double expected = p.zero_fully_masked_rows
                                         ? -INFINITY
                                         : static_cast<double>(static_cast<float>(
@@ -229,7 +246,7 @@ TEST(SdpaBackward, LogSumExpMatchesIndependentForward) {
             EXPECT_EQ(got, expected) << c.spec.name << " b=" << b << " i=" << i;
             continue;
           }
-          double m = -INFINITY;
+          double m = sink;
           std::vector<double> s;
           for (int64_t j = 0; j < p.key_len; ++j) {
             if (!is_visible(p, b, i, j)) continue;
@@ -238,10 +255,12 @@ TEST(SdpaBackward, LogSumExpMatchesIndependentForward) {
               dot += p.query[static_cast<size_t>((b * p.query_len + i) * p.head_dim + e)] *
                      p.key[static_cast<size_t>((b * p.key_len + j) * p.head_dim + e)];
             }
-            s.push_back(dot * p.scale + bias_at(p, b, i, j));
+            double raw = dot * p.scale;
+            if (p.softcap > 0) raw = p.softcap * std::tanh(raw / p.softcap);
+            s.push_back(raw + bias_at(p, b, i, j));
             m = std::max(m, s.back());
           }
-          double sum = 0;
+          double sum = std::exp(sink - m);
           for (double x : s) sum += std::exp(x - m);
           const double expected = m + std::log(sum);
           EXPECT_NEAR(got, expected, 1e-5 * (1 + std::abs(expected)))

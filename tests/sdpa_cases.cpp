@@ -1,5 +1,6 @@
 #include "sdpa_cases.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -243,6 +244,25 @@ SdpaCase parse_sdpa_case(const std::string& line) {
       c.seed = static_cast<uint64_t>(parse_int(line, key, value));
     } else if (key == "ill") {
       c.ill_conditioned = parse_flag(line, key, value);
+    } else if (key == "align") {
+      c.alignment = one_of(line, key, value, {"bottom", "top"}) == "top"
+                        ? CausalAlignment::kTopLeft
+                        : CausalAlignment::kBottomRight;
+    } else if (key == "window") {
+      const size_t comma = value.find(',');
+      if (comma == std::string::npos) bad_case(line, "window= needs LEFT,RIGHT");
+      c.window = SlidingWindow{parse_int(line, key, value.substr(0, comma)),
+                               parse_int(line, key, value.substr(comma + 1))};
+    } else if (key == "alibi") {
+      c.alibi = parse_flag(line, key, value);
+    } else if (key == "softcap") {
+      c.softcap = parse_double(line, key, value);
+    } else if (key == "sinks") {
+      c.sinks = parse_flag(line, key, value);
+    } else if (key == "docs") {
+      c.documents = parse_int(line, key, value);
+    } else if (key == "prefix") {
+      c.prefix = parse_int(line, key, value);
     } else {
       bad_case(line, "unknown key '" + key + "'");
     }
@@ -292,6 +312,43 @@ CaseInputs make_case_inputs(const SdpaCase& c) {
   in.options.dropout = c.dropout;
   in.options.seed = c.seed;
   in.options.need_weights = c.need_weights;
+  in.options.causal_alignment = c.alignment;
+  in.options.window = c.window;
+  in.options.alibi = c.alibi;
+  in.options.softcap = c.softcap;
+  in.options.prefix = c.prefix;
+  const int64_t heads = c.batch_shape.empty() ? 1 : c.batch_shape.back();
+  if (c.sinks) {
+    in.sinks_storage = filled_storage(Shape({heads}), DType::kFloat32, seed + 6, 2.0);
+    in.options.sinks = in.sinks_storage.view();
+  }
+  if (c.documents > 0) {
+    // Document boundaries: seeded cut points of the keys; query i takes the document of
+    // its aligned position (clamped to the keys).
+    std::mt19937 random(seed + 7);
+    std::vector<int64_t> cuts;
+    for (int64_t d = 1; d < c.documents; ++d) {
+      cuts.push_back(std::uniform_int_distribution<int64_t>(1, c.key_len - 1)(random));
+    }
+    std::sort(cuts.begin(), cuts.end());
+    const auto document_of = [&](int64_t position) {
+      return static_cast<int32_t>(std::upper_bound(cuts.begin(), cuts.end(), position) -
+                                  cuts.begin());
+    };
+    const int64_t offset =
+        c.alignment == CausalAlignment::kBottomRight ? c.key_len - c.query_len : 0;
+    in.segments_query_storage = Tensor(DType::kInt32, Shape({c.query_len}));
+    in.segments_key_storage = Tensor(DType::kInt64, Shape({c.key_len}));
+    for (int64_t i = 0; i < c.query_len; ++i) {
+      in.segments_query_storage.data_as<int32_t>()[i] =
+          document_of(std::clamp<int64_t>(i + offset, 0, c.key_len - 1));
+    }
+    for (int64_t j = 0; j < c.key_len; ++j) {
+      in.segments_key_storage.data_as<int64_t>()[j] = document_of(j);
+    }
+    in.options.segment_ids_query = in.segments_query_storage.view();
+    in.options.segment_ids_key = in.segments_key_storage.view();
+  }
   in.problem = reference_problem(in.query, in.key, in.value, in.options);
   return in;
 }
@@ -364,6 +421,101 @@ std::vector<double> values_of(const TensorView& view) {
   return values;
 }
 
+namespace {
+
+// Segment id of position `index` along the last dimension of `ids` (..., L) read at batch
+// index b (leading dimensions broadcast as the scores').
+double segment_at(const TensorView& ids, const std::vector<int64_t>& batch_shape, int64_t b,
+                  int64_t index, bool is_query) {
+  std::vector<int64_t> shape = dims_of(ids.shape);
+  // As a (..., L, 1) tensor for queries and a (..., 1, L) tensor for keys.
+  if (is_query) {
+    shape.push_back(1);
+  } else {
+    shape.insert(shape.end() - 1, 1);
+  }
+  const int64_t flat =
+      broadcast_flat_index(shape, batch_shape, b, is_query ? index : 0, is_query ? 0 : index);
+  return element_as_double(ids, flat);
+}
+
+// The score rules of `options`, written from their definitions (attend/score_rules.hpp)
+// without the library's code: causal (either alignment), window, prefix and documents
+// become a dense mask (ANDed with the given one), ALiBi a dense bias (added to the given
+// one), softcap and sinks fields of the problem.
+void add_score_rules(ReferenceProblem& p, const AttentionOptions& options) {
+  const int64_t Lq = p.query_len, Lk = p.key_len, B = p.batch();
+  const int64_t heads = p.batch_shape.empty() ? 1 : p.batch_shape.back();
+  const int64_t offset = options.causal_alignment == CausalAlignment::kBottomRight ? Lk - Lq : 0;
+  std::vector<int64_t> dense_shape = p.batch_shape;
+  dense_shape.push_back(Lq);
+  dense_shape.push_back(Lk);
+  const bool positional = options.causal_alignment == CausalAlignment::kTopLeft ||
+                          options.window.has_value() || options.prefix > 0;
+  if (positional || options.segment_ids_query) {
+    std::vector<int64_t> mask(static_cast<size_t>(B * Lq * Lk));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < Lq; ++i) {
+        const int64_t aligned = i + offset;
+        for (int64_t j = 0; j < Lk; ++j) {
+          bool by_position = true;
+          if (options.causal && j > aligned) by_position = false;
+          if (options.window) {
+            if (options.window->left >= 0 && j < aligned - options.window->left)
+              by_position = false;
+            if (options.window->right >= 0 && j > aligned + options.window->right)
+              by_position = false;
+          }
+          if (j < options.prefix) by_position = true;
+          bool keep = by_position;
+          if (options.segment_ids_query &&
+              segment_at(*options.segment_ids_query, p.batch_shape, b, i, true) !=
+                  segment_at(*options.segment_ids_key, p.batch_shape, b, j, false)) {
+            keep = false;
+          }
+          if (p.has_mask && p.mask[static_cast<size_t>(
+                                broadcast_flat_index(p.mask_shape, p.batch_shape, b, i, j))] == 0) {
+            keep = false;
+          }
+          mask[static_cast<size_t>((b * Lq + i) * Lk + j)] = keep ? 1 : 0;
+        }
+      }
+    }
+    p.has_mask = true;
+    p.mask_shape = dense_shape;
+    p.mask = std::move(mask);
+    p.causal = false;  // in the mask now
+  }
+  if (options.alibi || options.alibi_slopes) {
+    const std::vector<double> slopes =
+        options.alibi_slopes ? values_of(*options.alibi_slopes) : [&] {
+          std::vector<double> d;
+          for (float s : default_alibi_slopes(heads)) d.push_back(s);
+          return d;
+        }();
+    std::vector<double> bias(static_cast<size_t>(B * Lq * Lk));
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t i = 0; i < Lq; ++i) {
+        for (int64_t j = 0; j < Lk; ++j) {
+          bias[static_cast<size_t>((b * Lq + i) * Lk + j)] =
+              bias_at(p, b, i, j) +
+              slopes[static_cast<size_t>(b % heads)] * static_cast<double>(j - (i + offset));
+        }
+      }
+    }
+    p.has_bias = true;
+    p.bias_shape = dense_shape;
+    p.bias = std::move(bias);
+  }
+  if (options.softcap) p.softcap = *options.softcap;
+  if (options.sinks) {
+    const std::vector<double> sinks = values_of(*options.sinks);
+    for (int64_t b = 0; b < B; ++b) p.sinks.push_back(sinks[static_cast<size_t>(b % heads)]);
+  }
+}
+
+}  // namespace
+
 ReferenceProblem reference_problem(const TensorView& query, const TensorView& key,
                                    const TensorView& value, const AttentionOptions& options) {
   ReferenceProblem p;
@@ -389,6 +541,7 @@ ReferenceProblem reference_problem(const TensorView& query, const TensorView& ke
   p.causal = options.causal;
   p.scale = options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
   p.zero_fully_masked_rows = options.fully_masked_rows == FullyMaskedRows::kZero;
+  add_score_rules(p, options);
   return p;
 }
 

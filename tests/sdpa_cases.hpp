@@ -46,6 +46,15 @@ struct SdpaCase {
   double dropout = 0.0;           // dropout=
   uint64_t seed = 0;              // seed= (dropout)
   bool ill_conditioned = false;   // ill=1: the error model's bound is not meaningful
+  // The score rules (attend/score_rules.hpp):
+  CausalAlignment alignment = CausalAlignment::kBottomRight;  // align=bottom|top
+  std::optional<SlidingWindow> window;                        // window=LEFT,RIGHT (-1: none)
+  bool alibi = false;                                         // alibi=1: default slopes
+  std::optional<double> softcap;                              // softcap=
+  bool sinks = false;                                         // sinks=1: seeded, in ±2
+  int64_t documents = 0;  // docs=N: N documents of seeded unequal lengths (keys; queries
+                          // take the document of their aligned position)
+  int64_t prefix = 0;     // prefix=
 };
 
 // Parses one case line; throws std::runtime_error naming the bad key or value.
@@ -57,6 +66,7 @@ std::vector<SdpaCase> load_sdpa_cases(const std::string& path);
 // exactly what it reads (after float16 rounding and broadcasting through strides).
 struct CaseInputs {
   Tensor query_storage, key_storage, value_storage, mask_storage, bias_storage;
+  Tensor sinks_storage, segments_query_storage, segments_key_storage;
   TensorView query, key, value;
   AttentionOptions options;  // mask, bias, causal, scale, rows, dropout, seed, need_weights
   ReferenceProblem problem;
@@ -74,6 +84,9 @@ double element_as_double(const TensorView& view, int64_t logical_index);
 std::vector<double> values_of(const TensorView& view);
 
 // The float64 problem the library sees for these arguments (views of any dtype and layout).
+// The score rules of `options` are written into it independently of the library: positions,
+// documents (and causal) as a dense mask, ALiBi as a dense bias, softcap and sinks as such.
+// User rules are not represented.
 ReferenceProblem reference_problem(const TensorView& query, const TensorView& key,
                                    const TensorView& value, const AttentionOptions& options);
 

@@ -141,7 +141,7 @@ std::vector<std::string> property_violations(const PreparedCase& c, const Outcom
           break;
         }
         const double uniform = 1.0 / static_cast<double>(Lk);
-        if (excluded_row && !zero_row && c.spec.dropout == 0.0 &&
+        if (excluded_row && !zero_row && c.spec.dropout == 0.0 && p.sinks.empty() &&
             std::abs(w[j] - uniform) > tol.weight(row, uniform)) {
           found.push_back("fully excluded row (kUniform): weight " + std::to_string(w[j]) +
                           " is not 1/Lk = " + std::to_string(uniform) + at(b, i, "j", j));
@@ -150,7 +150,9 @@ std::vector<std::string> property_violations(const PreparedCase& c, const Outcom
       }
       const double sum_tolerance =
           tol.weights_relative[static_cast<size_t>(row)] + static_cast<double>(Lk) * kWeightsFloor;
-      if (!zero_row && c.spec.dropout == 0.0 && !(std::abs(sum - 1.0) <= sum_tolerance)) {
+      // A sink takes its share of the denominator: the keys' weights sum to less than 1.
+      if (!zero_row && c.spec.dropout == 0.0 && p.sinks.empty() &&
+          !(std::abs(sum - 1.0) <= sum_tolerance)) {
         found.push_back("weights sum to " + std::to_string(sum) + ", not 1 within " +
                         std::to_string(sum_tolerance) + " at (b=" + std::to_string(b) +
                         ", i=" + std::to_string(i) + ")");
@@ -193,6 +195,17 @@ TEST(CaseGrid, LoadsAndCoversEveryOptionKind) {
     if (s.query_key_magnitude >= 1000) covered.insert("large query/key");
     if (s.value_magnitude >= 1000) covered.insert("large value");
     if (s.ill_conditioned) covered.insert("ill-conditioned");
+    if (s.alignment == CausalAlignment::kTopLeft) covered.insert("top-left");
+    if (s.window) covered.insert("window");
+    if (s.alibi) covered.insert("alibi");
+    if (s.softcap) covered.insert("softcap");
+    if (s.sinks) covered.insert("sinks");
+    if (s.documents > 0) covered.insert("documents");
+    if (s.prefix > 0) covered.insert("prefix");
+  }
+  for (const char* rule :
+       {"top-left", "window", "alibi", "softcap", "sinks", "documents", "prefix"}) {
+    EXPECT_TRUE(covered.count(rule)) << "no case with the score rule " << rule;
   }
   for (const char* kind :
        {"batch rank 0",      "batch rank 1",     "batch rank 2",      "batch rank 3",

@@ -350,7 +350,7 @@ class TileAttention {
     // Keys past key_end are excluded by position for every row of the tile: skipped.
     const int64_t span_end = span.begin + span.count;
     const VisibleKeys last_row = visible_keys(p_, tile.first_query + tile.rows - 1);
-    const int64_t key_end = std::min(span_end, last_row.end());
+    const int64_t key_end = std::clamp<int64_t>(last_row.reach(), 0, span_end);
     // The sink joins the first chunk's denominator as a key of score sink_h with no value.
     const bool sink = p_.sinks != nullptr && span.begin == 0;
     std::fill_n(ws_.row_max.get(), kTq,
