@@ -78,6 +78,7 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
   std::vector<double> grad_weight(static_cast<size_t>(Lk)), grad_score(static_cast<size_t>(Lk));
   std::vector<double> error_score(static_cast<size_t>(Lk)), error_weight(static_cast<size_t>(Lk));
   std::vector<char> visible(static_cast<size_t>(Lk));
+  std::vector<double> cap_slope(static_cast<size_t>(Lk));
   for (int64_t b = 0; b < p.batch(); ++b) {
     const auto q = [&](int64_t i, int64_t e) { return at(p.query, (b * Lq + i) * E + e); };
     const auto k = [&](int64_t j, int64_t e) { return at(p.key, (b * Lk + j) * E + e); };
@@ -102,7 +103,8 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
       }
       // P without dropout (the forward's weights hold P̃ = P·f).
       // Softcap: s = cap·tanh(raw / cap) + bias, ∂s/∂raw = 1 − tanh²(raw / cap).
-      std::vector<double> scores(static_cast<size_t>(Lk)), cap_slope(static_cast<size_t>(Lk), 1.0);
+      std::vector<double> scores(static_cast<size_t>(Lk));
+      std::fill(cap_slope.begin(), cap_slope.end(), 1.0);
       bool any_visible = false;
       for (int64_t j = 0; j < Lk; ++j) {
         double dot = 0;
@@ -119,7 +121,8 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
       }
       // The sink: one more logit in the denominator, with no value.
       const double sink = p.sinks.empty() ? -INFINITY : p.sinks[static_cast<size_t>(b)];
-      const double m = std::max(sink, *std::max_element(scores.begin(), scores.end()));
+      double m = sink;
+      for (double score : scores) m = std::max(m, score);
       double sum = std::exp(sink - m);
       for (int64_t j = 0; j < Lk; ++j) sum += std::exp(scores[static_cast<size_t>(j)] - m);
       const bool zero_row = !any_visible && p.zero_fully_masked_rows;
