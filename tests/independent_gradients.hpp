@@ -64,7 +64,7 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
     x->bias.assign(p.has_bias ? static_cast<size_t>(bias_count) : 0, 0.0);
     x->sinks.assign(p.sinks.size(), 0.0);
   }
-  std::vector<double> bias_abs_sum(g.bias.size(), 0.0), bias_terms(g.bias.size(), 0.0);
+  std::vector<double> bias_abs_sum(g.bias.size()), bias_terms(g.bias.size());  // zeros
   const ReferenceResult forward = independent_attention(p);
   // The forward's error bound ε_i of every output row.
   ErrorModelOptions forward_model;  // dropout p from the largest factor 1/(1 − p)
