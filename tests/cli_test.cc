@@ -199,6 +199,63 @@ TEST_F(AttendCli, SdpaWithMaskBiasCausalScaleAndWeights) {
   EXPECT_LT(max_difference(read_npy(path("W.npy")), expected.weights), kTolerance);
 }
 
+TEST_F(AttendCli, ScoreRulesMatchTheLibrary) {
+  // Two heads (the last batch dimension of Q (2, 5, 8)): slopes, sinks and documents per head.
+  write("S.npy", filled(Shape({2}), 11));
+  Tensor documents(DType::kInt32, Shape({7}));
+  for (int64_t j = 0; j < 7; ++j) documents.data_as<int32_t>()[j] = j < 3 ? 0 : 1;
+  write("D.npy", documents);
+  Tensor query_documents(DType::kInt64, Shape({5}));
+  for (int64_t i = 0; i < 5; ++i) query_documents.data_as<int64_t>()[i] = i < 2 ? 0 : 1;
+  write("DQ.npy", query_documents);
+  const RunResult result = run({"sdpa",           "--query",         "Q.npy",    "--key",
+                                "K.npy",          "--value",         "V.npy",    "--causal",
+                                "--causal-align", "top-left",        "--window", "3",
+                                "--alibi",        "--softcap",       "2.5",      "--sinks",
+                                "S.npy",          "--segment-ids-q", "DQ.npy",   "--segment-ids-k",
+                                "D.npy",          "--prefix",        "1",        "--out",
+                                "O.npy",          "--weights",       "W.npy"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  AttentionOptions options;
+  options.causal = true;
+  options.causal_alignment = CausalAlignment::kTopLeft;
+  options.window = SlidingWindow{3, 0};
+  options.alibi = true;
+  options.softcap = 2.5;
+  const Tensor sinks = read_npy(path("S.npy"));
+  options.sinks = sinks.view();
+  options.segment_ids_query = query_documents.view();
+  options.segment_ids_key = documents.view();
+  options.prefix = 1;
+  options.need_weights = true;
+  const AttentionResult expected = reference(directory_.string(), options);
+  EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
+  EXPECT_LT(max_difference(read_npy(path("W.npy")), expected.weights), kTolerance);
+}
+
+TEST_F(AttendCli, SinkGradientIsWritten) {
+  write("S.npy", filled(Shape({2}), 11));
+  write("G.npy", filled(Shape({2, 5, 3}), 12));
+  const RunResult result =
+      run({"sdpa",   "--query",      "Q.npy",  "--key",      "K.npy",  "--value",
+           "V.npy",  "--sinks",      "S.npy",  "--out",      "O.npy",  "--grad-out",
+           "G.npy",  "--grad-query", "dQ.npy", "--grad-key", "dK.npy", "--grad-value",
+           "dV.npy", "--grad-sinks", "dS.npy"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  const Tensor q = read_npy(path("Q.npy")), k = read_npy(path("K.npy")),
+               v = read_npy(path("V.npy"));
+  const Tensor sinks = read_npy(path("S.npy")), g = read_npy(path("G.npy"));
+  AttentionOptions options;
+  options.sinks = sinks.view();
+  options.need_logsumexp = true;
+  const AttentionResult forward =
+      scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
+  const AttentionGradients expected = scaled_dot_product_attention_backward(
+      g.view(), q.view(), k.view(), v.view(), forward.output.view(), forward.logsumexp.view(),
+      options);
+  EXPECT_LT(max_difference(read_npy(path("dS.npy")), expected.sinks), kTolerance);
+}
+
 TEST_F(AttendCli, DropoutWithSeedMatchesTheLibrary) {
   const RunResult result =
       run({"sdpa", "--query", "Q.npy", "--key", "K.npy", "--value", "V.npy", "--dropout", "0.5",
@@ -362,6 +419,19 @@ TEST_F(AttendCliBadInput, EveryBadInputFailsCleanly) {
       {"weights directory missing", {"--weights", "nodir/W.npy"}, "does not exist"},
       {"weights same as out", {"--weights", "./O.npy"}, "same file"},
       {"weights is a directory", {"--weights", "."}, "directory"},
+      {"window negative", {"--window", "-3"}, "--window"},
+      {"window text", {"--window", "3,x"}, "--window"},
+      {"window right with causal", {"--causal", "--window", "2,3"}, "window"},
+      {"softcap zero", {"--softcap", "0"}, "softcap"},
+      {"softcap nan", {"--softcap", "nan"}, "softcap"},
+      {"causal-align unknown", {"--causal-align", "middle"}, "--causal-align"},
+      {"prefix too long", {"--causal", "--prefix", "8"}, "prefix"},
+      {"prefix without causal", {"--prefix", "2"}, "causal"},
+      {"sinks wrong shape", {"--sinks", "B.npy"}, "sinks"},
+      {"alibi slopes wrong shape", {"--alibi-slopes", "B.npy"}, "alibi_slopes"},
+      {"segment ids alone", {"--segment-ids-q", "M.npy"}, "--segment-ids-k"},
+      {"segment ids float", {"--segment-ids-q", "B.npy", "--segment-ids-k", "B.npy"}, "dtype"},
+      {"grad-sinks without sinks", {"--grad-sinks", "dS.npy"}, "--sinks"},
   };
   for (const BadCase& bad : cases) {
     expect_clean_failure(bad, /*existing_output=*/false);

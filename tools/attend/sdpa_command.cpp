@@ -34,6 +34,15 @@ struct SdpaArguments {
   std::string grad_output_path;
   std::string grad_query_path, grad_key_path, grad_value_path, grad_bias_path;
   bool causal = false;
+  // The score rules (attend/score_rules.hpp).
+  std::string causal_align = "bottom-right";
+  std::string window_text;
+  bool alibi = false;
+  std::string alibi_slopes_path;
+  std::string softcap_text;
+  std::string sinks_path, grad_sinks_path;
+  std::string segment_query_path, segment_key_path;
+  std::string prefix_text;
   std::string scale_text;
   std::string dropout_text;
   std::string seed_text;
@@ -135,6 +144,37 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
     options.num_threads =
         static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
   }
+  options.causal_alignment = arguments.causal_align == "top-left" ? CausalAlignment::kTopLeft
+                                                                  : CausalAlignment::kBottomRight;
+  if (given("--window")) {
+    // LEFT or LEFT,RIGHT (RIGHT defaults to 0); -1 leaves a side unbounded.
+    const size_t comma = arguments.window_text.find(',');
+    SlidingWindow window;
+    const auto side = [](const std::string& text) {
+      return text == "-1" ? kUnboundedWindow
+                          : static_cast<int64_t>(parse_integer("--window", text, 0, INT64_MAX));
+    };
+    window.left = side(arguments.window_text.substr(0, comma));
+    window.right = comma == std::string::npos ? 0 : side(arguments.window_text.substr(comma + 1));
+    options.window = window;
+  }
+  options.alibi = arguments.alibi;
+  if (given("--softcap")) options.softcap = parse_number("--softcap", arguments.softcap_text);
+  if (given("--prefix")) {
+    options.prefix =
+        static_cast<int64_t>(parse_integer("--prefix", arguments.prefix_text, 0, INT64_MAX));
+  }
+  if (given("--segment-ids-q") != given("--segment-ids-k")) {
+    throw Error(
+        "--segment-ids-q and --segment-ids-k come together: documents need the ids of "
+        "both the queries and the keys");
+  }
+  if (given("--grad-sinks") && !given("--sinks")) {
+    throw Error("--grad-sinks needs --sinks: there are no sinks to differentiate");
+  }
+  if (given("--grad-sinks") && !given("--grad-out")) {
+    throw Error("--grad-sinks needs --grad-out dO.npy (the backward pass)");
+  }
   options.backend = parse_backend(arguments.backend);
   options.need_weights = given("--weights");
   const bool backward = check_gradient_options(given);
@@ -146,6 +186,7 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
     check_output_path("--grad-key", arguments.grad_key_path);
     check_output_path("--grad-value", arguments.grad_value_path);
     if (given("--grad-bias")) check_output_path("--grad-bias", arguments.grad_bias_path);
+    if (given("--grad-sinks")) check_output_path("--grad-sinks", arguments.grad_sinks_path);
   }
 
   // 2. Inputs.
@@ -165,6 +206,24 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
     bias = read_input("--bias", arguments.bias_path);
     check_float_input("--bias", arguments.bias_path, *bias);
     options.bias = bias->view();
+  }
+
+  std::optional<Tensor> alibi_slopes, sinks, segment_query, segment_key;
+  if (given("--alibi-slopes")) {
+    alibi_slopes = read_input("--alibi-slopes", arguments.alibi_slopes_path);
+    check_float_input("--alibi-slopes", arguments.alibi_slopes_path, *alibi_slopes);
+    options.alibi_slopes = alibi_slopes->view();
+  }
+  if (given("--sinks")) {
+    sinks = read_input("--sinks", arguments.sinks_path);
+    check_float_input("--sinks", arguments.sinks_path, *sinks);
+    options.sinks = sinks->view();
+  }
+  if (given("--segment-ids-q")) {
+    segment_query = read_input("--segment-ids-q", arguments.segment_query_path);
+    segment_key = read_input("--segment-ids-k", arguments.segment_key_path);
+    options.segment_ids_query = segment_query->view();
+    options.segment_ids_key = segment_key->view();
   }
 
   std::optional<Tensor> grad_output;
@@ -191,6 +250,10 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
       gradients.bias = Tensor(bias->dtype(), bias->shape());
       views.bias = gradients.bias.view();
     }
+    if (given("--grad-sinks")) {
+      gradients.sinks = Tensor(sinks->dtype(), sinks->shape());
+      views.sinks = gradients.sinks.view();
+    }
     scaled_dot_product_attention_backward_into(grad_output->view(), query.view(), key.view(),
                                                value.view(), result.output.view(),
                                                result.logsumexp.view(), views, options);
@@ -207,6 +270,9 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
     outputs.push_back({"--grad-value", arguments.grad_value_path, gradients.value.view()});
     if (given("--grad-bias")) {
       outputs.push_back({"--grad-bias", arguments.grad_bias_path, gradients.bias.view()});
+    }
+    if (given("--grad-sinks")) {
+      outputs.push_back({"--grad-sinks", arguments.grad_sinks_path, gradients.sinks.view()});
     }
   }
   write_outputs(outputs);
@@ -239,7 +305,40 @@ Command add_sdpa_command(CLI::App& app) {
               "bool or integer, broadcastable to (..., Lq, Lk); zero excludes a key");
   file_option("--bias", arguments->bias_path,
               "float32 or float16, broadcastable to (..., Lq, Lk); added to the scores");
-  sdpa->add_flag("--causal", arguments->causal, "query i sees key j only when j <= i + Lk - Lq");
+  sdpa->add_flag("--causal", arguments->causal,
+                 "query i sees key j only when j <= i' (i' = i + Lk - Lq bottom-right, i "
+                 "top-left)");
+  sdpa->add_option("--causal-align", arguments->causal_align,
+                   "bottom-right (default: i' = i + Lk - Lq, a decoder with a KV cache) or "
+                   "top-left (i' = i, PyTorch's is_causal); also aligns --window and --alibi")
+      ->type_name("NAME")
+      ->check(CLI::IsMember({"bottom-right", "top-left"}));
+  sdpa->add_option("--window", arguments->window_text,
+                   "sliding window LEFT[,RIGHT]: query i sees key j only when i' - LEFT <= j <= "
+                   "i' + RIGHT (RIGHT default 0; -1: unbounded)")
+      ->type_name("LEFT[,RIGHT]");
+  sdpa->add_flag("--alibi", arguments->alibi,
+                 "ALiBi with the paper's slopes for H heads (the last batch dimension): "
+                 "score += slope_h * (j - i')");
+  file_option("--alibi-slopes", arguments->alibi_slopes_path,
+              "ALiBi with these slopes, float (H): score += slope_h * (j - i')");
+  sdpa->add_option("--softcap", arguments->softcap_text,
+                   "logit soft-capping C > 0: score = C * tanh(score / C), after scaling, before "
+                   "bias and masks")
+      ->type_name("FLOAT");
+  file_option("--sinks", arguments->sinks_path,
+              "attention sinks, float (H): one more logit per head in each row's softmax "
+              "denominator, with no value");
+  file_option("--grad-sinks", arguments->grad_sinks_path, "write dSinks (H), dtype of --sinks");
+  file_option("--segment-ids-q", arguments->segment_query_path,
+              "document ids of the queries, integer (..., Lq): query i sees key j only when "
+              "ids_q[i] == ids_k[j]");
+  file_option("--segment-ids-k", arguments->segment_key_path,
+              "document ids of the keys, integer (..., Lk)");
+  sdpa->add_option("--prefix", arguments->prefix_text,
+                   "prefix-LM: keys j < P are visible to every query; the rest follow --causal "
+                   "or --window")
+      ->type_name("P");
   sdpa->add_option("--scale", arguments->scale_text, "multiplies Q·Kᵀ (default 1/sqrt(E))")
       ->type_name("FLOAT");
   sdpa->add_option("--dropout", arguments->dropout_text, "dropout probability in [0, 1)")
