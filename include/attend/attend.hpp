@@ -7,6 +7,8 @@
 #include "attend/positional.hpp"
 #include "attend/runtime.hpp"
 #include "attend/safetensors.hpp"
+#include "attend/score_mod.hpp"
+#include "attend/score_rules.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
 #include "attend/spatial.hpp"
