@@ -453,6 +453,17 @@ void scaled_dot_product_attention_into(const TensorView& query, const TensorView
   scaled_dot_product_attention_into(query, key, value, outputs, options);
 }
 
+std::string attention_kernel(const TensorView& query, const TensorView& key,
+                             const TensorView& value, const AttentionOptions& options) {
+  const Problem problem = detail::validate_inputs(query, key, value, options);
+  detail::KernelInputs inputs;
+  detail::SdpaParams p = detail::make_params(query, key, value, problem, options, inputs);
+  // The plan only asks whether weights are written (they rule out the key split).
+  float unused = 0;
+  if (options.need_weights) p.weights = &unused;
+  return detail::chosen_kernel(p, options.backend);
+}
+
 double attention_flops(int64_t batch, int64_t query_len, int64_t key_len, int64_t head_dim,
                        int64_t value_dim, bool causal) {
   const double pairs =

@@ -251,6 +251,25 @@ TEST(ReferenceBackend, HasThePropertiesOnEveryCase) {
   }
 }
 
+// The grid runs every fused path on every target, each as the kernel list names it: row
+// groups and query tiles, with and without the key split.
+TEST(CaseGrid, RunsEveryFusedPathOnEveryTarget) {
+  for (const std::string& target : supported_simd_targets()) {
+    SimdCap cap(target);
+    std::set<std::string> paths;
+    for (const PreparedCase& c : prepared_cases()) {
+      const std::string kernel = attention_kernel(c.in.query, c.in.key, c.in.value, c.in.options);
+      paths.insert(kernel.substr(0, kernel.find(" (")));
+    }
+    for (const char* path :
+         {"fused rows", "fused tiles", "fused rows + key split", "fused tiles + key split"}) {
+      // One lane: a query tile is never half empty, so row groups never run.
+      if (target == "SCALAR" && std::string(path).rfind("fused rows", 0) == 0) continue;
+      EXPECT_TRUE(paths.count(path)) << "no case runs " << path << " on " << target;
+    }
+  }
+}
+
 // The oracle checked against the test's own float64 listing (no dropout there).
 TEST(ReferenceBackend, MatchesTheIndependentListingOnEveryCase) {
   for (const PreparedCase& c : prepared_cases()) {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "attend/score_mod.hpp"
 #include "attend/score_rules.hpp"
@@ -121,6 +122,13 @@ struct AttentionOutputViews {
 void scaled_dot_product_attention_into(const TensorView& query, const TensorView& key,
                                        const TensorView& value, const AttentionOutputViews& outputs,
                                        const AttentionOptions& options = {});
+
+// The implementation a call with these arguments runs on this CPU (and SIMD cap): "fused
+// rows" (few queries per head: lanes along E), "fused tiles" (queries along the lanes),
+// either with " + key split (N chunks)" (few work items over many keys), or "reference".
+// Validates the arguments as the call does.
+std::string attention_kernel(const TensorView& query, const TensorView& key,
+                             const TensorView& value, const AttentionOptions& options = {});
 
 // FLOP count of one call: 4·batch·Lq·Lk·E for E == Ev (2·Lq·Lk·E for Q·Kᵀ and 2·Lq·Lk·Ev
 // for weights·V), halved (approximately) for causal. The one formula used by every

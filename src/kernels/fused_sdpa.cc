@@ -1380,15 +1380,32 @@ void RunAllTiles(const SdpaParams& p) {
       });
 }
 
-// Row groups while a query tile would be at most half full; else query tiles of as many
-// vectors as the queries fill, up to 4.
-void FusedSdpa(const SdpaParams& p) {
-  if (2 * p.query_len <= kLanes) return RunAllRows(p);
+// Row groups while a query tile would be at most half full (see fused_sdpa_rows_rejects);
+// else query tiles of as many vectors as the queries fill, up to 4.
+bool RowsFit(const SdpaParams& p) { return 2 * p.query_len <= kLanes; }
+
+void FusedSdpaRows(const SdpaParams& p) { RunAllRows(p); }
+
+void FusedSdpaTiles(const SdpaParams& p) {
   const int64_t vectors = (p.query_len + kLanes - 1) / kLanes;
   if (vectors >= 4) return RunAllTiles<4>(p);
   if (vectors == 3) return RunAllTiles<3>(p);
   if (vectors == 2) return RunAllTiles<2>(p);
   return RunAllTiles<1>(p);
+}
+
+int64_t FusedLanes() { return kLanes; }
+
+// What FusedSdpaRows or FusedSdpaTiles will do with `p`: the work items and key chunks.
+FusedPlan PlanFused(const SdpaParams& p, bool rows) {
+  int64_t items;
+  if (rows) {
+    items = RowGroups(p).count;
+  } else {
+    const int64_t tq = std::min<int64_t>((p.query_len + kLanes - 1) / kLanes, 4) * kLanes;
+    items = p.batch * ((p.query_len + tq - 1) / tq);
+  }
+  return {rows, items, PlanKeySplit(p, items).chunks};
 }
 
 }  // namespace HWY_NAMESPACE
@@ -1398,13 +1415,33 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attend::detail {
 
-HWY_EXPORT(FusedSdpa);
+HWY_EXPORT(FusedSdpaRows);
+HWY_EXPORT(FusedSdpaTiles);
+HWY_EXPORT(FusedLanes);
+HWY_EXPORT(PlanFused);
 
-const char* fused_sdpa_rejects(const SdpaParams&) { return nullptr; }
-
-void fused_sdpa(const SdpaParams& params) {
+const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
   apply_simd_cap_from_environment();
-  HWY_DYNAMIC_DISPATCH(FusedSdpa)(params);
+  const int64_t lanes = HWY_DYNAMIC_DISPATCH(FusedLanes)();
+  if (2 * params.query_len <= lanes) return nullptr;
+  return "more queries than half the SIMD lanes (a query tile fills better)";
+}
+
+void fused_sdpa_rows(const SdpaParams& params) {
+  apply_simd_cap_from_environment();
+  HWY_DYNAMIC_DISPATCH(FusedSdpaRows)(params);
+}
+
+const char* fused_sdpa_tiles_rejects(const SdpaParams&) { return nullptr; }
+
+void fused_sdpa_tiles(const SdpaParams& params) {
+  apply_simd_cap_from_environment();
+  HWY_DYNAMIC_DISPATCH(FusedSdpaTiles)(params);
+}
+
+FusedPlan fused_sdpa_plan(const SdpaParams& params, bool rows) {
+  apply_simd_cap_from_environment();
+  return HWY_DYNAMIC_DISPATCH(PlanFused)(params, rows);
 }
 
 }  // namespace attend::detail

@@ -1,13 +1,29 @@
-// fused_sdpa.hpp: the fused tiled online-softmax kernel (Highway, one source for every
-// SIMD target, dispatched at run time).
+// fused_sdpa.hpp: the fused tiled online-softmax forward (Highway, one source for every SIMD
+// target, dispatched at run time), as two kernel-list entries: row groups for a few queries
+// per head, query tiles for the rest. Either may split its keys into chunks (the key split).
 #pragma once
+
+#include <cstdint>
 
 #include "sdpa_params.hpp"
 
 namespace attend::detail {
 
-// Null when the fused kernel handles `params`, else the reason it does not.
-const char* fused_sdpa_rejects(const SdpaParams& params);
-void fused_sdpa(const SdpaParams& params);
+// Row groups (lanes along E): null when a query tile would be at most half full on the
+// dispatched SIMD target (2·Lq <= lanes), else the reason.
+const char* fused_sdpa_rows_rejects(const SdpaParams& params);
+void fused_sdpa_rows(const SdpaParams& params);
+
+// Query tiles (queries along the lanes): every problem.
+const char* fused_sdpa_tiles_rejects(const SdpaParams& params);
+void fused_sdpa_tiles(const SdpaParams& params);
+
+// How the rows or tiles kernel will run `params` on the dispatched target.
+struct FusedPlan {
+  bool rows;       // row groups, else query tiles
+  int64_t items;   // work items (row groups or query tiles)
+  int64_t chunks;  // key chunks per item: 1, or the key split's count
+};
+FusedPlan fused_sdpa_plan(const SdpaParams& params, bool rows);
 
 }  // namespace attend::detail

@@ -26,7 +26,8 @@ struct Candidate {
 
 // Fastest first; the reference last, accepting everything.
 constexpr Candidate<SdpaParams> kCandidates[] = {
-    {Backend::kFused, "fused", fused_sdpa_rejects, fused_sdpa},
+    {Backend::kFused, "fused rows", fused_sdpa_rows_rejects, fused_sdpa_rows},
+    {Backend::kFused, "fused tiles", fused_sdpa_tiles_rejects, fused_sdpa_tiles},
     {Backend::kReference, "reference", reference_rejects<SdpaParams>, reference_sdpa},
 };
 constexpr Candidate<SdpaBackwardParams> kBackwardCandidates[] = {
@@ -38,13 +39,15 @@ constexpr Candidate<SdpaBackwardParams> kBackwardCandidates[] = {
 template <class Params, size_t N>
 const Candidate<Params>& choose(const Candidate<Params> (&candidates)[N], const Params& params,
                                 Backend backend) {
+  std::string reasons;
   for (const Candidate<Params>& c : candidates) {
     if (backend != Backend::kAuto && c.backend != backend) continue;
     const char* why = c.rejects(params);
     if (why == nullptr) return c;
-    if (backend != Backend::kAuto) {
-      throw Error(std::string("backend ") + c.name + " cannot run this problem: " + why);
-    }
+    reasons += std::string(reasons.empty() ? "" : "; ") + c.name + ": " + why;
+  }
+  if (backend != Backend::kAuto) {
+    throw Error("the requested backend cannot run this problem (" + reasons + ")");
   }
   return candidates[N - 1];
 }
@@ -59,8 +62,14 @@ void run_backward_kernel(const SdpaBackwardParams& params, Backend backend) {
   choose(kBackwardCandidates, params, backend).run(params);
 }
 
-const char* chosen_kernel(const SdpaParams& params, Backend backend) {
-  return choose(kCandidates, params, backend).name;
+std::string chosen_kernel(const SdpaParams& params, Backend backend) {
+  const Candidate<SdpaParams>& c = choose(kCandidates, params, backend);
+  std::string name = c.name;
+  if (c.backend == Backend::kFused) {
+    const FusedPlan plan = fused_sdpa_plan(params, c.run == fused_sdpa_rows);
+    if (plan.chunks > 1) name += " + key split (" + std::to_string(plan.chunks) + " chunks)";
+  }
+  return name;
 }
 
 }  // namespace attend::detail

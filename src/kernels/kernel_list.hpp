@@ -3,6 +3,8 @@
 // and accepts everything.
 #pragma once
 
+#include <string>
+
 #include "attend/sdpa.hpp"
 #include "sdpa_params.hpp"
 
@@ -15,7 +17,8 @@ void run_kernel(const SdpaParams& params, Backend backend);
 // The same for the backward pass.
 void run_backward_kernel(const SdpaBackwardParams& params, Backend backend);
 
-// Name of the candidate run_kernel would pick, e.g. "fused" or "reference".
-const char* chosen_kernel(const SdpaParams& params, Backend backend);
+// The candidate run_kernel would pick and how it splits the keys: "fused rows", "fused tiles",
+// either with " + key split (N chunks)", or "reference".
+std::string chosen_kernel(const SdpaParams& params, Backend backend);
 
 }  // namespace attend::detail
