@@ -1,15 +1,18 @@
-// test_support.hpp: helpers that the tests of several units share: a temporary directory and
-// whole-file reads and writes. Plain C++, no GoogleTest.
+// test_support.hpp: helpers that the tests (and the fuzz targets) of several units share: a
+// temporary directory, whole-file reads and writes, the check that a message is printable.
+// Plain C++, no GoogleTest.
 #pragma once
 
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -57,6 +60,18 @@ inline std::string read_file_bytes(const std::string& path) {
 // Creates or replaces the file at `path` with `bytes`.
 inline void write_file_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// The position of the first byte of `message` that may not reach a terminal (below 0x20 except
+// '\n', or 0x7f and above: control characters, escape sequences, anything not ASCII), or
+// std::string_view::npos when there is none. Every attend::Error message and every line the
+// CLI prints must pass (src/quote.hpp).
+inline size_t first_unprintable_byte(std::string_view message) {
+  for (size_t i = 0; i < message.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(message[i]);
+    if ((byte < 0x20 && byte != '\n') || byte >= 0x7f) return i;
+  }
+  return std::string_view::npos;
 }
 
 }  // namespace attend::test

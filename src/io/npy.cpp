@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "quote.hpp"
 
 namespace attend {
 namespace {
@@ -42,7 +43,7 @@ constexpr size_t kVersion2Prefix = 12;
 constexpr size_t kDataAlignment = 64;
 
 [[noreturn]] void fail(const std::string& name, const std::string& what) {
-  throw Error(name + ": " + what);
+  throw Error(detail::printable_for_message(name) + ": " + what);
 }
 
 std::string system_error_text(int error_number) { return std::strerror(error_number); }
@@ -117,7 +118,7 @@ class HeaderParser {
       if (consume('}')) break;
       const std::string key = parse_string("a dict key");
       skip_space();
-      if (!consume(':')) malformed("expected ':' after key '" + key + "'");
+      if (!consume(':')) malformed("expected ':' after key " + detail::quote_for_message(key));
       skip_space();
       if (key == "descr") {
         if (descr) malformed("key 'descr' appears twice");
@@ -130,7 +131,7 @@ class HeaderParser {
         if (shape) malformed("key 'shape' appears twice");
         shape = parse_shape();
       } else {
-        malformed("unexpected key '" + key + "'");
+        malformed("unexpected key " + detail::quote_for_message(key));
       }
       skip_space();
       if (consume(',')) continue;
@@ -233,7 +234,7 @@ class HeaderParser {
 
   // "<f4", "|b1", ...: byte order, kind, item size.
   DType parse_descr(const std::string& descr) {
-    const std::string quoted = "'" + descr + "'";
+    const std::string quoted = detail::quote_for_message(descr);
     if (descr.size() < 3) fail(name_, "dtype " + quoted + " is not supported");
     const char byte_order = descr[0];
     const char kind = descr[1];

@@ -13,6 +13,7 @@
 
 #include "attend/error.hpp"
 #include "attend/npy.hpp"
+#include "quote.hpp"
 
 namespace attend::cli {
 
@@ -28,7 +29,8 @@ void print_error(const std::string& message) {
     }
   }
   while (!line.empty() && (line.back() == ' ' || line.back() == ';')) line.pop_back();
-  std::cerr << "error: " << line << '\n' << std::flush;
+  std::cerr << "error: " << detail::printable_for_message(line, std::string::npos) << '\n'
+            << std::flush;
 }
 
 Tensor read_input(const std::string& option, const std::string& path) {
@@ -45,10 +47,10 @@ double parse_number(const std::string& option, const std::string& text) {
   errno = 0;
   const double value = std::strtod(begin, &end);
   if (text.empty() || end == begin || *end != '\0') {
-    throw Error(option + ": '" + text + "' is not a number");
+    throw Error(option + ": " + detail::quote_for_message(text) + " is not a number");
   }
   if (errno == ERANGE && (value > 1 || value < -1)) {
-    throw Error(option + ": '" + text + "' is out of range");
+    throw Error(option + ": " + detail::quote_for_message(text) + " is out of range");
   }
   return value;
 }
@@ -56,13 +58,13 @@ double parse_number(const std::string& option, const std::string& text) {
 uint64_t parse_integer(const std::string& option, const std::string& text, uint64_t minimum,
                        uint64_t maximum) {
   if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
-    throw Error(option + ": '" + text + "' is not a non-negative integer");
+    throw Error(option + ": " + detail::quote_for_message(text) + " is not a non-negative integer");
   }
   uint64_t value = 0;
   for (char digit : text) {
     if (__builtin_mul_overflow(value, 10, &value) ||
         __builtin_add_overflow(value, static_cast<uint64_t>(digit - '0'), &value)) {
-      throw Error(option + ": '" + text + "' is out of range");
+      throw Error(option + ": " + detail::quote_for_message(text) + " is out of range");
     }
   }
   if (value < minimum || value > maximum) {

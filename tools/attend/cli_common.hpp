@@ -23,7 +23,9 @@ struct Command {
   std::function<void()> run;
 };
 
-// "error: " + the message on one line (newlines become "; ") to stderr.
+// "error: " + the message on one line (newlines become "; ") to stderr, every byte outside
+// printable ASCII written \xNN: a message may hold what the user typed (paths, CLI11's
+// messages about options) or a file's bytes, and none of it may reach the terminal raw.
 void print_error(const std::string& message);
 
 // Reads the .npy file `path` given to `option`; errors read "--query Q.npy: truncated ...".
