@@ -4,19 +4,16 @@
 // copies any tensor, so a malformed file costs no more than its header.
 #include "attend/safetensors.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "attend/error.hpp"
+#include "io/staged_file.hpp"
 #include "quote.hpp"
 
 namespace attend {
@@ -126,13 +123,6 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
                     std::to_string(bytes));
   }
   return entry;
-}
-
-// Writes `size` bytes or throws naming `path`.
-void write_all(std::FILE* stream, const void* data, size_t size, const std::string& path) {
-  if (size > 0 && std::fwrite(data, 1, size, stream) != size) {
-    throw Error(path + ": write failed");
-  }
 }
 
 }  // namespace
@@ -266,39 +256,25 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
     sizes.push_back(static_cast<size_t>(bytes));
     offset += bytes;
   }
-  std::string header_text = header.dump();
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::json::exception&) {  // a name or metadata text not in UTF-8
+    throw Error(detail::printable_for_message(path) +
+                ": tensor names and metadata must be valid UTF-8");
+  }
   // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   unsigned char length_bytes[8];
   for (int i = 0; i < 8; ++i)
     length_bytes[i] = static_cast<unsigned char>(header_text.size() >> (8 * i));
 
-  // 2. Write a temporary file beside `path`, then rename it over `path`.
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  std::FILE* stream = std::fopen(temporary.c_str(), "wb");
-  if (stream == nullptr) throw Error(path + ": cannot open '" + temporary + "' for writing");
-  try {
-    write_all(stream, length_bytes, 8, path);
-    write_all(stream, header_text.data(), header_text.size(), path);
-    for (size_t i = 0; i < sources.size(); ++i) write_all(stream, sources[i], sizes[i], path);
-    if (std::fflush(stream) != 0 || ::fsync(fileno(stream)) != 0) {
-      throw Error(path + ": flushing '" + temporary + "' failed");
-    }
-  } catch (...) {
-    std::fclose(stream);
-    std::remove(temporary.c_str());
-    throw;
-  }
-  if (std::fclose(stream) != 0) {
-    std::remove(temporary.c_str());
-    throw Error(path + ": closing '" + temporary + "' failed");
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::remove(temporary.c_str());
-    throw Error(path + ": renaming '" + temporary + "' failed: " + error.message());
-  }
+  // 2. The file, whole or not at all.
+  detail::StagedFile file(path);
+  file.write(length_bytes, 8);
+  file.write(header_text);
+  for (size_t i = 0; i < sources.size(); ++i) file.write(sources[i], sizes[i]);
+  file.commit();
 }
 
 }  // namespace attend

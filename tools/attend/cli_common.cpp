@@ -1,12 +1,8 @@
 // cli_common.cpp: helpers shared by the attend subcommands.
 #include "cli_common.hpp"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -122,52 +118,20 @@ std::string describe(const std::string& path, const TensorView& contents) {
 }
 
 StagedTextFile::StagedTextFile(const std::string& option, const std::string& path,
-                               const std::string& contents)
-    : option_(option), path_(path) {
-  std::string temporary = path + ".tmp-XXXXXX";
-  const int fd = ::mkstemp(temporary.data());
-  if (fd < 0) fail("cannot create a temporary file: " + std::string(std::strerror(errno)));
-  temporary_path_ = temporary;
-  // mkstemp creates the file private (0600); a picture is for everyone to read.
-  if (::fchmod(fd, 0644) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::close(fd);
-    fail("cannot set permissions: " + reason);
-  }
-  size_t written = 0;
-  while (written < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string reason = std::strerror(errno);
-      ::close(fd);
-      fail("cannot write: " + reason);
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::close(fd);
-    fail("cannot flush to disk: " + reason);
-  }
-  ::close(fd);
-}
-
-StagedTextFile::~StagedTextFile() {
-  if (!temporary_path_.empty()) ::unlink(temporary_path_.c_str());
+                               const std::string& contents) try
+    : option_(option), file_(path) {
+  file_.write(contents);
+  file_.flush();
+} catch (const Error& e) {
+  throw Error(option + " " + e.what());
 }
 
 void StagedTextFile::commit() {
-  if (::rename(temporary_path_.c_str(), path_.c_str()) != 0) {
-    fail("cannot rename the temporary file into place: " + std::string(std::strerror(errno)));
+  try {
+    file_.commit();
+  } catch (const Error& e) {
+    throw Error(option_ + " " + e.what());
   }
-  temporary_path_.clear();
-}
-
-void StagedTextFile::fail(const std::string& reason) {
-  if (!temporary_path_.empty()) ::unlink(temporary_path_.c_str());
-  temporary_path_.clear();
-  throw Error(option_ + ": " + path_ + ": " + reason);
 }
 
 }  // namespace attend::cli
