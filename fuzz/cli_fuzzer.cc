@@ -1,6 +1,8 @@
 // cli_fuzzer: the `attend sdpa` command in-process, with fuzzed options and a fuzzed input
-// file. attend_cli_main must return 0 or 2; a crash, a sanitizer report, a leak, an escaped
-// exception or a hang is a finding.
+// file. attend_cli_main must return 0 or 2, and what it writes to stderr (the error line, which
+// quotes options, paths and file bytes) must be printable: no control byte but '\n', nothing
+// from 0x7f. A crash, a sanitizer report, a leak, an escaped exception, a hang or a raw byte on
+// stderr is a finding.
 //
 // Input layout: option text, a NUL byte, then the bytes of a .npy file (no NUL: options only,
 // and an empty file). The option text is split at whitespace into tokens and run as
@@ -16,7 +18,8 @@
 //     milliseconds. The readers themselves never allocate more than the file holds, so such
 //     a payload is large but valid, not a bug;
 //   - empties W after every execution.
-// stdout and stderr of the CLI are discarded unless ATTEND_FUZZ_VERBOSE is set.
+// stdout of the CLI is discarded and stderr checked, then discarded, unless
+// ATTEND_FUZZ_VERBOSE is set.
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +39,7 @@
 #include "attend/error.hpp"
 #include "attend/npy.hpp"
 #include "cli_main.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -45,7 +50,9 @@ constexpr size_t kMaxTokenLength = 64;
 constexpr int64_t kMaxElements = int64_t{1} << 20;
 constexpr uint64_t kMaxThreads = 4;
 
-std::string work_directory;  // W, with no trailing '/'
+std::string work_directory;       // W, with no trailing '/'
+std::ostringstream error_output;  // std::cerr of the CLI
+bool verbose = false;
 
 // The CLI refuses a second subcommand; dropped anyway, so that a change there cannot make the
 // fuzzer run `bench` (seconds of measuring) or `demo`. Keep in step with cli_main.cpp.
@@ -172,10 +179,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (::mkdtemp(pattern.data()) == nullptr) std::abort();
   work_directory = pattern;
   std::atexit(remove_work_directory);
-  if (std::getenv("ATTEND_FUZZ_VERBOSE") == nullptr) {
-    std::cout.rdbuf(nullptr);  // writes then only set badbit
-    std::cerr.rdbuf(nullptr);
-  }
+  verbose = std::getenv("ATTEND_FUZZ_VERBOSE") != nullptr;
+  if (!verbose) std::cout.rdbuf(nullptr);  // writes then only set badbit
+  std::cerr.rdbuf(error_output.rdbuf());
   return 0;
 }
 
@@ -202,6 +208,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   argv.push_back(nullptr);
   const int status = attend_cli_main(static_cast<int>(arguments.size()), argv.data());
   if (status != 0 && status != 2) std::abort();
+  const std::string errors = error_output.str();
+  if (verbose) std::fwrite(errors.data(), 1, errors.size(), stderr);
+  if (attend::test::first_unprintable_byte(errors) != std::string_view::npos) std::abort();
+  error_output.str("");
   empty_work_directory();
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "attend/error.hpp"
+#include "quote.hpp"
 #include "runtime_internal.hpp"
 
 namespace attend {
@@ -46,7 +47,8 @@ void apply_cap(const std::string& name) {
   }
   std::string known;
   for (const auto& n : compiled_simd_targets()) known += (known.empty() ? "" : ", ") + n;
-  throw Error("SIMD target '" + name + "' is not compiled in (compiled: " + known + ")");
+  throw Error("SIMD target " + detail::quote_for_message(name) +
+              " is not compiled in (compiled: " + known + ")");
 }
 
 }  // namespace

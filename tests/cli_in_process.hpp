@@ -4,12 +4,11 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "cli_main.hpp"
+#include "test_support.hpp"  // read_file_bytes, TemporaryDirectory
 
 namespace attend::test {
 
@@ -31,12 +30,6 @@ inline CliRun run_cli(std::vector<std::string> arguments) {
   result.err = ::testing::internal::GetCapturedStderr();
   result.out = ::testing::internal::GetCapturedStdout();
   return result;
-}
-
-// The whole file as bytes ("" when it cannot be read).
-inline std::string read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 }  // namespace attend::test

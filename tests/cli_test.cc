@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
-#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,7 +13,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +20,7 @@
 #include "attend/attend.hpp"
 #include "attend/npy.hpp"
 #include "cli_main.hpp"
+#include "test_support.hpp"
 
 extern char** environ;
 
@@ -36,10 +35,7 @@ struct RunResult {
   std::string err;  // stderr
 };
 
-std::string read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using test::read_file_bytes;
 
 // Deterministic values in [-1, 1) (a small linear congruential generator).
 Tensor filled(const Shape& shape, uint32_t seed) {
@@ -55,9 +51,6 @@ Tensor filled(const Shape& shape, uint32_t seed) {
 class AttendCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "attend_cli_test_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    directory_ = pattern;
     // Q (2, 5, 8), K (2, 7, 8), V (2, 7, 3), a bool mask (5, 7) and a bias (5, 7).
     write("Q.npy", filled(Shape({2, 5, 8}), 1));
     write("K.npy", filled(Shape({2, 7, 8}), 2));
@@ -67,9 +60,7 @@ class AttendCli : public ::testing::Test {
     for (int64_t i = 0; i < mask.numel(); ++i) mask.data_as<uint8_t>()[i] = (i % 3) != 1;
     write("M.npy", mask);
   }
-  void TearDown() override { fs::remove_all(directory_); }
-
-  std::string path(const std::string& name) const { return (directory_ / name).string(); }
+  std::string path(const std::string& name) const { return directory_ / name; }
   void write(const std::string& name, const Tensor& t) const { write_npy(path(name), t.view()); }
 
   // Runs the attend binary with `arguments` in the test directory.
@@ -88,7 +79,7 @@ class AttendCli : public ::testing::Test {
     posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
                                      0644);
     // The child runs in the test directory, so relative paths refer to it.
-    posix_spawn_file_actions_addchdir_np(&actions, directory_.c_str());
+    posix_spawn_file_actions_addchdir_np(&actions, directory_.path().c_str());
     pid_t pid = 0;
     const int spawn_error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
@@ -101,8 +92,8 @@ class AttendCli : public ::testing::Test {
     int status = 0;
     ::waitpid(pid, &status, 0);
     result.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    result.out = read_bytes(out_path);
-    result.err = read_bytes(err_path);
+    result.out = read_file_bytes(out_path);
+    result.err = read_file_bytes(err_path);
     fs::remove(out_path);
     fs::remove(err_path);
     return result;
@@ -118,20 +109,15 @@ class AttendCli : public ::testing::Test {
                                                             << result.err;
     EXPECT_NE(result.err.find(phrase), std::string::npos)
         << "expected '" << phrase << "' in: " << result.err;
+    EXPECT_EQ(test::first_unprintable_byte(result.err), std::string::npos)
+        << "a raw control or non-ASCII byte in: " << result.err;
     EXPECT_EQ(result.out, "");
   }
 
   // Sorted names of the files in the test directory.
-  std::vector<std::string> listing() const {
-    std::vector<std::string> names;
-    for (const auto& entry : fs::directory_iterator(directory_)) {
-      names.push_back(entry.path().filename().string());
-    }
-    std::sort(names.begin(), names.end());
-    return names;
-  }
+  std::vector<std::string> listing() const { return directory_.listing(); }
 
-  fs::path directory_;
+  test::TemporaryDirectory directory_;
 };
 
 // The same computation through the library's reference backend.
@@ -179,7 +165,7 @@ TEST_F(AttendCli, SdpaMatchesTheReferenceBackend) {
   EXPECT_EQ(result.err, "");
   EXPECT_EQ(result.out, "wrote O.npy (2, 5, 3) float32\n");
   const Tensor output = read_npy(path("O.npy"));
-  const AttentionResult expected = reference(directory_.string(), {});
+  const AttentionResult expected = reference(directory_.path().string(), {});
   EXPECT_LT(max_difference(output, expected.output), kTolerance);
 }
 
@@ -194,7 +180,7 @@ TEST_F(AttendCli, SdpaWithMaskBiasCausalScaleAndWeights) {
   options.causal = true;
   options.scale = 0.25;
   options.need_weights = true;
-  const AttentionResult expected = reference(directory_.string(), options, "M.npy", "B.npy");
+  const AttentionResult expected = reference(directory_.path().string(), options, "M.npy", "B.npy");
   EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
   EXPECT_LT(max_difference(read_npy(path("W.npy")), expected.weights), kTolerance);
 }
@@ -264,7 +250,7 @@ TEST_F(AttendCli, DropoutWithSeedMatchesTheLibrary) {
   AttentionOptions options;
   options.dropout = 0.5;
   options.seed = 7;
-  const AttentionResult expected = reference(directory_.string(), options);
+  const AttentionResult expected = reference(directory_.path().string(), options);
   EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
 }
 
@@ -292,7 +278,7 @@ TEST_F(AttendCli, Float16InputGivesFloat16Output) {
   convert(output.view(), output_single.view());
   // Inputs rounded to float16 (relative 2^-11) and the output rounded again: outputs of size
   // up to 1 differ from the float32 result by a few 1e-3.
-  const AttentionResult expected = reference(directory_.string(), {});
+  const AttentionResult expected = reference(directory_.path().string(), {});
   EXPECT_LT(max_difference(output_single, expected.output), 4e-3f);
 }
 
@@ -318,7 +304,7 @@ TEST_F(AttendCli, FortranOrderInputIsRead) {
   const RunResult result =
       run({"sdpa", "--query", "Qf.npy", "--key", "K.npy", "--value", "V.npy", "--out", "O.npy"});
   ASSERT_EQ(result.exit_status, 0) << result.err;
-  const AttentionResult expected = reference(directory_.string(), {});
+  const AttentionResult expected = reference(directory_.path().string(), {});
   EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
 }
 
@@ -369,8 +355,8 @@ class AttendCliBadInput : public AttendCli {
     expect_error(run(arguments), bad.phrase);
     EXPECT_EQ(listing(), files_before) << "a file was created or removed";
     if (existing_output) {
-      EXPECT_EQ(read_bytes(path("O.npy")), old_contents);
-      EXPECT_EQ(read_bytes(path("W.npy")), old_contents);
+      EXPECT_EQ(read_file_bytes(path("O.npy")), old_contents);
+      EXPECT_EQ(read_file_bytes(path("W.npy")), old_contents);
       fs::remove(path("O.npy"));
       fs::remove(path("W.npy"));
     }
@@ -381,7 +367,7 @@ TEST_F(AttendCliBadInput, EveryBadInputFailsCleanly) {
   // Malformed inputs used below.
   {
     std::ofstream(path("garbage.npy"), std::ios::binary) << "this is not numpy";
-    const std::string good = read_bytes(path("Q.npy"));
+    const std::string good = read_file_bytes(path("Q.npy"));
     std::ofstream(path("truncated.npy"), std::ios::binary) << good.substr(0, good.size() - 10);
     Tensor float_mask(DType::kFloat32, Shape({5, 7}));
     for (int64_t i = 0; i < float_mask.numel(); ++i) float_mask.data_as<float>()[i] = 1.0f;
@@ -439,6 +425,25 @@ TEST_F(AttendCliBadInput, EveryBadInputFailsCleanly) {
   }
 }
 
+// Bytes of a crafted file, and arguments typed or pasted, reach the terminal escaped only.
+TEST_F(AttendCliBadInput, ErrorLinesShowFileAndArgumentBytesEscaped) {
+  // Q.npy with its key 'descr' turned into five bytes that would clear the screen and more.
+  std::string hostile = read_file_bytes(path("Q.npy"));
+  const size_t key = hostile.find("descr");
+  ASSERT_NE(key, std::string::npos);
+  hostile.replace(key, 5, "\x1b[2J\xff");
+  std::ofstream(path("hostile.npy"), std::ios::binary) << hostile;
+  const std::vector<BadCase> cases = {
+      {"header key", {"--bias", "hostile.npy"}, R"(unexpected key '\x1b[2J\xff')"},
+      {"scale", {"--scale", "\x1b[31m"}, R"(--scale: '\x1b[31m' is not a number)"},
+      {"threads", {"--threads", "\x1b]0;title\x07"}, R"('\x1b]0;title\x07' is not a non-negative)"},
+      {"path", {"--mask", "no\x1b[2J.npy"}, R"(no\x1b[2J.npy: cannot open)"},
+      {"option name (CLI11's message)", {"--frobnicate\x1b[2J"}, R"(--frobnicate\x1b[2J)"},
+  };
+  for (const BadCase& bad : cases) expect_clean_failure(bad, /*existing_output=*/false);
+  expect_error(run({"\x1b[2Jsdpa"}), R"(unknown subcommand '\x1b[2Jsdpa')");
+}
+
 TEST_F(AttendCliBadInput, WrongQueryDtypeAndShapeFailCleanly) {
   write("int_q.npy", Tensor::zeros(DType::kInt32, Shape({2, 5, 8})));
   write("vector.npy", filled(Shape({8}), 5));
@@ -452,7 +457,7 @@ TEST_F(AttendCliBadInput, WrongQueryDtypeAndShapeFailCleanly) {
     expect_error(
         run({"sdpa", "--query", query, "--key", "K.npy", "--value", "V.npy", "--out", "O.npy"}),
         phrase);
-    EXPECT_EQ(read_bytes(path("O.npy")), "old");
+    EXPECT_EQ(read_file_bytes(path("O.npy")), "old");
   }
 }
 

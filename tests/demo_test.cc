@@ -3,7 +3,6 @@
 // labels are separate <text> elements (tokens escaped where needed), and a bad --out-dir is one
 // error line with exit status 2. The well-formedness checker is strict and tested itself.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <cctype>
@@ -248,24 +247,23 @@ const std::vector<std::string> kPictures = {"phrase_self_attention.svg", "cross_
 class Demo : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    std::string pattern = (fs::temp_directory_path() / "attend_demo_test_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    directory_ = new fs::path(pattern);
+    directory_ = new attend::test::TemporaryDirectory;
     // A directory that does not exist yet: the demo creates it.
     run_ = new attend::test::CliRun(
-        run_cli({"demo", "--out-dir", (*directory_ / "pictures").string(), "--threads", "2"}));
+        run_cli({"demo", "--out-dir", *directory_ / "pictures", "--threads", "2"}));
   }
   static void TearDownTestSuite() {
-    fs::remove_all(*directory_);
     delete directory_;
     delete run_;
   }
-  static fs::path picture(const std::string& name) { return *directory_ / "pictures" / name; }
+  static fs::path picture(const std::string& name) {
+    return directory_->path() / "pictures" / name;
+  }
 
-  static fs::path* directory_;
+  static attend::test::TemporaryDirectory* directory_;
   static attend::test::CliRun* run_;
 };
-fs::path* Demo::directory_ = nullptr;
+attend::test::TemporaryDirectory* Demo::directory_ = nullptr;
 attend::test::CliRun* Demo::run_ = nullptr;
 
 TEST_F(Demo, SucceedsAndSaysWhatItIs) {
@@ -294,7 +292,7 @@ TEST_F(Demo, EveryPictureIsWellFormedSvg) {
     }
   }
   // No temporary files left behind.
-  for (const auto& entry : fs::directory_iterator(*directory_ / "pictures")) {
+  for (const auto& entry : fs::directory_iterator(directory_->path() / "pictures")) {
     EXPECT_EQ(entry.path().extension(), ".svg") << entry.path();
   }
 }
@@ -327,9 +325,8 @@ TEST_F(Demo, CrossAttentionPictureLabelsBothLanguages) {
 }
 
 TEST(DemoErrors, OutDirUnderARegularFileIsOneErrorLine) {
-  std::string pattern = (fs::temp_directory_path() / "attend_demo_test_XXXXXX").string();
-  ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-  const fs::path directory = pattern;
+  const attend::test::TemporaryDirectory temporary;
+  const fs::path& directory = temporary.path();
   std::ofstream(directory / "file") << "not a directory";
   const attend::test::CliRun run =
       run_cli({"demo", "--out-dir", (directory / "file" / "pictures").string()});
@@ -343,7 +340,6 @@ TEST(DemoErrors, OutDirUnderARegularFileIsOneErrorLine) {
   EXPECT_EQ(bad_threads.exit_status, 2);
   EXPECT_EQ(std::count(bad_threads.err.begin(), bad_threads.err.end(), '\n'), 1);
   EXPECT_FALSE(fs::exists(directory / "x")) << "options are checked before the directory is made";
-  fs::remove_all(directory);
 }
 
 }  // namespace

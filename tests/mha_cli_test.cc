@@ -2,7 +2,6 @@
 // torch.nn.MultiheadAttention goldens (scripts/make_mha_cli_golden.py, tests/data/mha_cli/), and
 // its bad inputs: exit status 2, exactly one "error: " line, no output file created or changed.
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
@@ -37,20 +36,7 @@ std::vector<double> as_doubles(const Tensor& t) {
   return std::vector<double>(f.data_as<double>(), f.data_as<double>() + f.numel());
 }
 
-class TemporaryDirectory {
- public:
-  TemporaryDirectory() {
-    std::string pattern = (fs::temp_directory_path() / "attend_mha_cli_test_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw Error("mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TemporaryDirectory() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using attend::test::TemporaryDirectory;
 
 // --- The golden cases ------------------------------------------------------------------------
 

@@ -4,18 +4,16 @@
 #include "attend/npy.hpp"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
 #include "attend/error.hpp"
 #include "half.hpp"
+#include "test_support.hpp"
 
 namespace attend {
 namespace {
@@ -24,34 +22,16 @@ namespace fs = std::filesystem;
 
 const std::string kFixtures = std::string(ATTEND_TEST_DATA_DIR) + "/npy/";
 
+using test::read_file_bytes;
+using test::write_file_bytes;
+
 // A fresh directory per test, removed afterwards.
 class NpyFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "attend_npy_test_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    directory_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(directory_); }
-  std::string file(const std::string& name) const { return (directory_ / name).string(); }
-  std::vector<std::string> listing() const {
-    std::vector<std::string> names;
-    for (const auto& entry : fs::directory_iterator(directory_)) {
-      names.push_back(entry.path().filename().string());
-    }
-    return names;
-  }
-  fs::path directory_;
+  std::string file(const std::string& name) const { return directory_ / name; }
+  std::vector<std::string> listing() const { return directory_.listing(); }
+  test::TemporaryDirectory directory_;
 };
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
 
 // A .npy image built by hand: magic, version, header length, `dict` padded with spaces to a
 // 64-byte boundary plus '\n', then `data`.
@@ -113,7 +93,7 @@ TEST_F(NpyFiles, RoundTripsEveryDtype) {
     ASSERT_EQ(loaded.nbytes(), original.nbytes());
     EXPECT_EQ(std::memcmp(loaded.data(), original.data(), original.nbytes()), 0);
     // The data starts at a multiple of 64 bytes, as numpy writes it.
-    EXPECT_EQ((read_bytes(path).size() - original.nbytes()) % 64, 0u);
+    EXPECT_EQ((read_file_bytes(path).size() - original.nbytes()) % 64, 0u);
   }
 }
 
@@ -154,12 +134,10 @@ TEST(NpyNumpyFiles, WriterMatchesNumpyByteForByte) {
       values.data_as<float>()[row * 3 + column] = 10.0f * row + column + 0.5f;
     }
   }
-  std::string directory = (fs::temp_directory_path() / "attend_npy_numpy_XXXXXX").string();
-  ASSERT_NE(::mkdtemp(directory.data()), nullptr);
-  const std::string path = directory + "/mine.npy";
+  const test::TemporaryDirectory directory;
+  const std::string path = directory / "mine.npy";
   write_npy(path, values.view());
-  EXPECT_EQ(read_bytes(path), read_bytes(kFixtures + "float32_c_2x3.npy"));
-  fs::remove_all(directory);
+  EXPECT_EQ(read_file_bytes(path), read_file_bytes(kFixtures + "float32_c_2x3.npy"));
 }
 
 TEST(NpyNumpyFiles, ReadsCOrderFloat32) {
@@ -332,6 +310,46 @@ TEST(NpyParse, RefusesTruncatedDataBeforeAllocating) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Header bytes in messages: escaped, cut when long, never raw on the terminal
+
+TEST(NpyParse, MessagesShowHeaderBytesEscaped) {
+  // A key holding \x05, an escape sequence that would turn a terminal red, a byte that is not
+  // UTF-8 and a quote.
+  const std::string key = std::string("de\x05") + "cr\x1b[31m\xff\"";
+  const std::string message = parse_error(
+      npy_image("{'" + key + "': '<f4', 'fortran_order': False, 'shape': (2, 2), }", kFourFloats));
+  EXPECT_NE(message.find("unexpected key 'de\\x05cr\\x1b[31m\\xff\"'"), std::string::npos)
+      << message;
+  EXPECT_EQ(test::first_unprintable_byte(message), std::string::npos) << message;
+
+  // A dtype that sets the terminal's title: "\x1b]0;...\x07".
+  const std::string descr_message = parse_error(npy_image(
+      "{'descr': '<f\x1b]0;title\x07', 'fortran_order': False, 'shape': (2, 2), }", kFourFloats));
+  EXPECT_NE(descr_message.find("dtype '<f\\x1b]0;title\\x07' is not supported"), std::string::npos)
+      << descr_message;
+  EXPECT_EQ(test::first_unprintable_byte(descr_message), std::string::npos) << descr_message;
+
+  // The name that starts the message is made printable too.
+  const std::string image = npy_image(kGoodDict, "");
+  try {
+    (void)parse_npy(image.data(), image.size(), "Q\x1b[2J.npy");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("Q\\x1b[2J.npy: truncated data", 0), 0u) << e.what();
+  }
+}
+
+TEST(NpyParse, LongKeysAreCutInMessages) {
+  const std::string key(5000, 'k');
+  const std::string message = parse_error(
+      npy_image("{'" + key + "': '<f4', 'fortran_order': False, 'shape': (2, 2), }", kFourFloats));
+  EXPECT_NE(message.find("unexpected key '" + std::string(64, 'k') + "...' (5000 bytes)"),
+            std::string::npos)
+      << message;
+  EXPECT_LT(message.size(), 200u) << message;
+}
+
+// ---------------------------------------------------------------------------------------
 // Files on disk
 
 TEST_F(NpyFiles, ReadErrorsStartWithThePath) {
@@ -343,8 +361,9 @@ TEST_F(NpyFiles, ReadErrorsStartWithThePath) {
     EXPECT_EQ(std::string(e.what()).rfind(missing + ": cannot open", 0), 0u) << e.what();
   }
   const std::string truncated = file("Q.npy");
-  write_bytes(truncated, npy_image("{'descr': '<f4', 'fortran_order': False, 'shape': (32, 32), }",
-                                   std::string(100, '\0')));
+  write_file_bytes(truncated,
+                   npy_image("{'descr': '<f4', 'fortran_order': False, 'shape': (32, 32), }",
+                             std::string(100, '\0')));
   try {
     (void)read_npy(truncated);
     ADD_FAILURE() << "no error";
@@ -352,17 +371,17 @@ TEST_F(NpyFiles, ReadErrorsStartWithThePath) {
     EXPECT_EQ(std::string(e.what()),
               truncated + ": truncated data: expected 4096 bytes, found 100");
   }
-  EXPECT_THROW((void)read_npy(directory_.string()), Error);
+  EXPECT_THROW((void)read_npy(directory_.path().string()), Error);
   std::string lying = npy_image(kGoodDict, kFourFloats);
   lying[9] = '\x40';
-  write_bytes(file("lying.npy"), lying);
+  write_file_bytes(file("lying.npy"), lying);
   EXPECT_THROW((void)read_npy(file("lying.npy")), Error);
 }
 
 TEST_F(NpyFiles, FileReaderAgreesWithParser) {
   const std::string image = npy_image("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }",
                                       float_bytes({1, 4, 2, 5, 3, 6}) + "tail", 2);
-  write_bytes(file("f.npy"), image);
+  write_file_bytes(file("f.npy"), image);
   const Tensor from_file = read_npy(file("f.npy"));
   const Tensor from_memory = parse_npy(image.data(), image.size(), "f.npy");
   ASSERT_EQ(from_file.shape(), from_memory.shape());
@@ -384,10 +403,10 @@ TEST_F(NpyFiles, MissingDirectoryIsNamedAndNothingIsLeftBehind) {
 
 TEST_F(NpyFiles, FailedWriteLeavesTheOldFileUntouched) {
   const std::string path = file("O.npy");
-  write_bytes(path, "old contents");
+  write_file_bytes(path, "old contents");
   uint16_t bfloat = 0x3F80;
   EXPECT_THROW(write_npy(path, TensorView(&bfloat, DType::kBFloat16, Shape({1}))), Error);
-  EXPECT_EQ(read_bytes(path), "old contents");
+  EXPECT_EQ(read_file_bytes(path), "old contents");
   EXPECT_EQ(listing(), std::vector<std::string>{"O.npy"});  // no temporary file left
   // A directory as target is refused before anything is written.
   fs::create_directory(file("dir.npy"));

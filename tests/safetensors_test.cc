@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "test_support.hpp"
 
 namespace attend {
 namespace {
@@ -95,10 +96,43 @@ TEST(Safetensors, EveryMalformedImageIsAnErrorNamingTheProblem) {
   }
 }
 
+// JSON escapes put any byte into a name or a dtype (\u001b is ESC); the messages show them
+// escaped, and the parser's own message about raw bytes is made printable as well.
+TEST(Safetensors, MessagesShowHeaderTextEscaped) {
+  const struct {
+    std::vector<unsigned char> bytes;
+    std::string expected;
+  } cases[] = {
+      {image(R"({"de\u0005cr\u001b[31m": 5})", 0),
+       R"(tensor 'de\x05cr\x1b[31m': header entry is not a JSON object)"},
+      {image(R"({"t": {"dtype": "F\u001b]0;x\u0007", "shape": [2], "data_offsets": [0, 8]}})", 8),
+       R"(unknown safetensors dtype 'F\x1b]0;x\x07')"},
+      {image(R"({"__metadata__": {"k\u0000\u00ff'": 3}})", 0),  // U+00FF is C3 BF in UTF-8
+       R"(value of 'k\x00\xc3\xbf\'' is not a string)"},
+      {image(R"({"t": {"dtype": "F32", "shape": ["\u001b\u00ff"], "data_offsets": [0, 8]}})", 8),
+       R"("shape" ["\u001b\u00ff"] holds a non-integer)"},
+      {image("{\"t\x1b[2J\xff", 0), "not valid JSON"},
+  };
+  for (const auto& c : cases) {
+    const std::string message = parse_error(c.bytes);
+    EXPECT_NE(message.find(c.expected), std::string::npos)
+        << "expected \"" << c.expected << "\" in: " << message;
+    EXPECT_EQ(test::first_unprintable_byte(message), std::string::npos) << message;
+  }
+}
+
+TEST(Safetensors, LongNamesAreCutInMessages) {
+  const std::string name(5000, 'n');
+  const std::string message = parse_error(image(R"({")" + name + R"(": 5})", 0));
+  EXPECT_NE(message.find("tensor '" + std::string(64, 'n') + "...' (5000 bytes)"),
+            std::string::npos)
+      << message;
+  EXPECT_LT(message.size(), 200u) << message;
+}
+
 TEST(Safetensors, SaveAndLoadRoundTripEveryDType) {
-  const fs::path dir = fs::temp_directory_path() / "attend_safetensors_test";
-  fs::create_directories(dir);
-  const std::string path = (dir / "round_trip.safetensors").string();
+  const test::TemporaryDirectory dir;
+  const std::string path = dir / "round_trip.safetensors";
 
   Tensor matrix(DType::kFloat32, Shape({3, 4}));
   for (int i = 0; i < 12; ++i) matrix.data_as<float>()[i] = static_cast<float>(i) * 0.25f - 1.0f;
@@ -142,15 +176,12 @@ TEST(Safetensors, SaveAndLoadRoundTripEveryDType) {
   // The data section starts 8-byte aligned, and no temporary file is left behind.
   const auto bytes = fs::file_size(path);
   EXPECT_EQ((bytes - (12 * 4 + 5 * 2 + 2 * 2 + 3 * 8 + 2)) % 8, 0u);
-  int files = 0;
-  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir)) ++files;
-  EXPECT_EQ(files, 1);
-  fs::remove_all(dir);
+  EXPECT_EQ(dir.listing(), std::vector<std::string>{"round_trip.safetensors"});
 }
 
 TEST(Safetensors, SaveIntoAMissingDirectoryFailsCleanly) {
-  const fs::path dir = fs::temp_directory_path() / "attend_no_such_dir_for_safetensors";
-  fs::remove_all(dir);
+  const test::TemporaryDirectory parent;
+  const fs::path dir = parent.path() / "no_such_dir";
   Tensor x = Tensor::zeros(DType::kFloat32, Shape({2}));
   EXPECT_THROW(save_safetensors((dir / "x.safetensors").string(), {{"x", x.view()}}), Error);
   EXPECT_FALSE(fs::exists(dir));

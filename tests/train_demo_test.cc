@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,7 +22,6 @@
 namespace attend {
 namespace {
 
-namespace fs = std::filesystem;
 using examples::ReverseTaskSettings;
 
 // A model small enough to difference every parameter, with two layers so that the gradient
@@ -199,20 +197,11 @@ std::string unbalanced_tags(const std::string& xml) {
 
 class TrainDemoCommand : public ::testing::Test {
  protected:
-  void SetUp() override {
-    directory_ = fs::temp_directory_path() /
-                 ("attend_train_demo_test_" +
-                  std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(directory_);
-    fs::create_directories(directory_);
-  }
-  void TearDown() override { fs::remove_all(directory_); }
-  fs::path directory_;
+  test::TemporaryDirectory directory_;
 };
 
 TEST_F(TrainDemoCommand, TrainsAndWritesTheCurves) {
-  const std::string svg_path = (directory_ / "curves.svg").string();
+  const std::string svg_path = directory_ / "curves.svg";
   const test::CliRun run = test::run_cli({"train-demo", "--seed", "3", "--svg", svg_path});
   ASSERT_EQ(run.exit_status, 0) << run.err;
   EXPECT_EQ(run.err, "");
@@ -243,7 +232,7 @@ TEST_F(TrainDemoCommand, TrainsAndWritesTheCurves) {
     EXPECT_NE(svg.find(label), std::string::npos) << label;
   }
   // Written through a temporary file that is gone now.
-  EXPECT_EQ(std::distance(fs::directory_iterator(directory_), fs::directory_iterator()), 1);
+  EXPECT_EQ(directory_.listing(), std::vector<std::string>{"curves.svg"});
 
   // --quiet: the summary only, and the same run.
   const test::CliRun quiet =
@@ -256,7 +245,7 @@ TEST_F(TrainDemoCommand, TrainsAndWritesTheCurves) {
 }
 
 TEST_F(TrainDemoCommand, ReportsARunThatDidNotFinish) {
-  const std::string svg_path = (directory_ / "short.svg").string();
+  const std::string svg_path = directory_ / "short.svg";
   const test::CliRun run =
       test::run_cli({"train-demo", "--steps", "4", "--svg", svg_path, "--quiet"});
   ASSERT_EQ(run.exit_status, 0) << run.err;
@@ -265,7 +254,7 @@ TEST_F(TrainDemoCommand, ReportsARunThatDidNotFinish) {
 }
 
 TEST_F(TrainDemoCommand, BadArgumentsFailBeforeTraining) {
-  const std::string missing_directory = (directory_ / "no" / "such" / "x.svg").string();
+  const std::string missing_directory = directory_ / "no/such/x.svg";
   const struct {
     std::vector<std::string> arguments;
     const char* expected;
@@ -276,7 +265,7 @@ TEST_F(TrainDemoCommand, BadArgumentsFailBeforeTraining) {
       {{"train-demo", "--threads", "0"}, "--threads must be in [1,"},
       {{"train-demo", "--seed", "-1"}, "--seed"},
       {{"train-demo", "--svg", missing_directory}, "does not exist"},
-      {{"train-demo", "--svg", directory_.string()}, "is a directory"},
+      {{"train-demo", "--svg", directory_.path().string()}, "is a directory"},
   };
   for (const auto& c : cases) {
     const test::CliRun run = test::run_cli(c.arguments);

@@ -8,11 +8,16 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "attend/tensor.hpp"
 
 namespace attend {
+
+namespace detail {
+class StagedFile;  // the library's one atomic file writer (src/io/staged_file.hpp)
+}
 
 // Reads the .npy file at `path`. Checks the data size against the file size before
 // allocating anything; bytes after the data are ignored.
@@ -23,8 +28,10 @@ Tensor read_npy(const std::string& path);
 Tensor parse_npy(const void* data, size_t size, const std::string& name_for_messages);
 
 // Writes `view` (any strides; its logical C-order contents) to `path` atomically: a temporary
-// file beside `path` is written, flushed to disk and renamed over `path`. On failure the
-// temporary file is removed, `path` is untouched and an Error naming `path` is thrown.
+// file of its own beside `path` is written, flushed to disk and renamed over `path`. On
+// failure the temporary file is removed, `path` is untouched and an Error naming `path` is
+// thrown. Several threads or processes may write one path at once: it ends up holding one
+// of their files, whole.
 // bfloat16 has no .npy dtype and is refused.
 void write_npy(const std::string& path, const TensorView& view);
 
@@ -43,15 +50,14 @@ class StagedNpyFile {
   StagedNpyFile& operator=(const StagedNpyFile&) = delete;
 
   // Renames the temporary file over the target. Throws Error (and removes the temporary
-  // file) when the rename fails.
+  // file) when the rename fails. A second call does nothing.
   void commit();
 
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  std::string temporary_path_;
-  bool committed_ = false;
+  std::unique_ptr<detail::StagedFile> file_;
 };
 
 }  // namespace attend

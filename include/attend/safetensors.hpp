@@ -34,8 +34,10 @@ SafetensorsContents parse_safetensors(const void* data, size_t size,
                                       const std::string& name_for_messages);
 
 // Writes `tensors` (any strides; their logical C-order contents) and `metadata` to `path`
-// atomically: a temporary file beside `path` is written and renamed over it. On failure the
-// temporary file is removed and `path` is untouched.
+// atomically: a temporary file of its own beside `path` is written, flushed to disk and
+// renamed over it. On failure the temporary file is removed and `path` is untouched. Several
+// threads or processes may save one path at once: it ends up holding one of their files,
+// whole.
 void save_safetensors(const std::string& path, const std::map<std::string, TensorView>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 

@@ -17,15 +17,15 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <optional>
 #include <string_view>
 #include <vector>
 
 #include "attend/error.hpp"
+#include "io/staged_file.hpp"
+#include "quote.hpp"
 
 namespace attend {
 namespace {
@@ -42,7 +42,7 @@ constexpr size_t kVersion2Prefix = 12;
 constexpr size_t kDataAlignment = 64;
 
 [[noreturn]] void fail(const std::string& name, const std::string& what) {
-  throw Error(name + ": " + what);
+  throw Error(detail::printable_for_message(name) + ": " + what);
 }
 
 std::string system_error_text(int error_number) { return std::strerror(error_number); }
@@ -117,7 +117,7 @@ class HeaderParser {
       if (consume('}')) break;
       const std::string key = parse_string("a dict key");
       skip_space();
-      if (!consume(':')) malformed("expected ':' after key '" + key + "'");
+      if (!consume(':')) malformed("expected ':' after key " + detail::quote_for_message(key));
       skip_space();
       if (key == "descr") {
         if (descr) malformed("key 'descr' appears twice");
@@ -130,7 +130,7 @@ class HeaderParser {
         if (shape) malformed("key 'shape' appears twice");
         shape = parse_shape();
       } else {
-        malformed("unexpected key '" + key + "'");
+        malformed("unexpected key " + detail::quote_for_message(key));
       }
       skip_space();
       if (consume(',')) continue;
@@ -233,7 +233,7 @@ class HeaderParser {
 
   // "<f4", "|b1", ...: byte order, kind, item size.
   DType parse_descr(const std::string& descr) {
-    const std::string quoted = "'" + descr + "'";
+    const std::string quoted = detail::quote_for_message(descr);
     if (descr.size() < 3) fail(name_, "dtype " + quoted + " is not supported");
     const char byte_order = descr[0];
     const char kind = descr[1];
@@ -393,20 +393,6 @@ size_t read_fully(int fd, void* buffer, size_t size, const std::string& name) {
   return done;
 }
 
-void write_fully(int fd, const void* buffer, size_t size, const std::string& name) {
-  constexpr size_t kMaxChunk = size_t{1} << 30;
-  size_t done = 0;
-  while (done < size) {
-    const size_t chunk = std::min(size - done, kMaxChunk);
-    const ssize_t written = ::write(fd, static_cast<const char*>(buffer) + done, chunk);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      fail(name, "write error: " + system_error_text(errno));
-    }
-    done += static_cast<size_t>(written);
-  }
-}
-
 // A pipe or other stream: read everything, then parse in memory.
 Tensor read_stream(int fd, const std::string& name) {
   std::vector<unsigned char> bytes;
@@ -480,17 +466,6 @@ std::string npy_preamble(const TensorView& view, const std::string& name) {
   return preamble + dict;
 }
 
-// Why a file could not be created in the directory of `path`.
-std::string creation_failure(const std::string& path, int error_number) {
-  std::filesystem::path directory = std::filesystem::path(path).parent_path();
-  const std::string shown = directory.empty() ? "." : directory.string();
-  if (error_number == ENOENT) {
-    return "cannot create file: directory '" + shown + "' does not exist";
-  }
-  if (error_number == ENOTDIR) return "cannot create file: '" + shown + "' is not a directory";
-  return "cannot create file in directory '" + shown + "': " + system_error_text(error_number);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -552,10 +527,6 @@ StagedNpyFile::StagedNpyFile(const std::string& path, const TensorView& view) : 
   }
   if (view.data == nullptr && count > 0) fail(path, "data pointer is null");
   const std::string preamble = npy_preamble(view, path);
-  std::error_code ignored;
-  if (std::filesystem::is_directory(path, ignored)) {
-    fail(path, "cannot write: it is a directory");
-  }
 
   // Contiguous data is written in place; anything else through a C-order copy.
   std::optional<Tensor> contiguous_copy;
@@ -566,44 +537,15 @@ StagedNpyFile::StagedNpyFile(const std::string& path, const TensorView& view) : 
   }
   const size_t data_bytes = static_cast<size_t>(count) * dtype_size(view.dtype);
 
-  std::string temporary = path + ".tmp-XXXXXX";
-  const int fd = ::mkstemp(temporary.data());
-  if (fd < 0) fail(path, creation_failure(path, errno));
-  temporary_path_ = temporary;
-  try {
-    const FileDescriptor file(fd);
-    if (::fchmod(file.fd, 0644) != 0)
-      fail(path, "cannot set permissions: " + system_error_text(errno));
-    write_fully(file.fd, preamble.data(), preamble.size(), path);
-    if (data_bytes > 0) write_fully(file.fd, data, data_bytes, path);
-    if (::fsync(file.fd) != 0) fail(path, "cannot flush to disk: " + system_error_text(errno));
-  } catch (...) {
-    ::unlink(temporary_path_.c_str());
-    temporary_path_.clear();
-    throw;
-  }
-  // close() errors after a successful fsync cannot lose data; FileDescriptor ignores them.
+  file_ = std::make_unique<detail::StagedFile>(path);
+  file_->write(preamble);
+  if (data_bytes > 0) file_->write(data, data_bytes);
+  file_->flush();
 }
 
-StagedNpyFile::~StagedNpyFile() {
-  if (!committed_ && !temporary_path_.empty()) ::unlink(temporary_path_.c_str());
-}
+StagedNpyFile::~StagedNpyFile() = default;
 
-void StagedNpyFile::commit() {
-  if (committed_ || temporary_path_.empty()) return;
-  if (::rename(temporary_path_.c_str(), path_.c_str()) != 0) {
-    const int error_number = errno;
-    ::unlink(temporary_path_.c_str());
-    temporary_path_.clear();
-    fail(path_, "cannot replace the file: " + system_error_text(error_number));
-  }
-  committed_ = true;
-  // Make the rename itself durable; failure here leaves a complete file either way.
-  std::filesystem::path directory = std::filesystem::path(path_).parent_path();
-  const FileDescriptor directory_fd(
-      ::open(directory.empty() ? "." : directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (directory_fd.fd >= 0) (void)::fsync(directory_fd.fd);
-}
+void StagedNpyFile::commit() { file_->commit(); }
 
 void write_npy(const std::string& path, const TensorView& view) {
   StagedNpyFile staged(path, view);

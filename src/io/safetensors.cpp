@@ -4,19 +4,17 @@
 // copies any tensor, so a malformed file costs no more than its header.
 #include "attend/safetensors.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "attend/error.hpp"
+#include "io/staged_file.hpp"
+#include "quote.hpp"
 
 namespace attend {
 namespace {
@@ -26,6 +24,9 @@ static_assert(std::endian::native == std::endian::little,
 
 // The reference implementation refuses headers over 100 MB; so do we, before allocating.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// A JSON value quoted in a message is cut beyond this; a shape of 8 twenty-digit dimensions
+// fits.
+constexpr size_t kMaxJsonBytes = 256;
 
 struct DTypeName {
   DType dtype;
@@ -53,10 +54,15 @@ uint64_t read_u64_le(const unsigned char* bytes) {
   return value;
 }
 
-// Throws `file: entry 'name': what`.
+// Throws `file: tensor 'name': what`; `file` is already printable.
 [[noreturn]] void entry_error(const std::string& file, const std::string& name,
                               const std::string& what) {
-  throw Error(file + ": tensor '" + name + "': " + what);
+  throw Error(file + ": tensor " + detail::quote_for_message(name) + ": " + what);
+}
+
+// A JSON value from the header as a message shows it: ASCII (\u escapes), cut when long.
+std::string json_for_message(const nlohmann::json& value) {
+  return detail::printable_for_message(value.dump(-1, ' ', /*ensure_ascii=*/true), kMaxJsonBytes);
 }
 
 Entry parse_entry(const std::string& file, const std::string& name, const nlohmann::json& value,
@@ -84,12 +90,13 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
   uint64_t bytes = dtype_size(entry.dtype);
   for (const auto& dim : shape) {
     if (!dim.is_number_unsigned()) {
-      entry_error(file, name, "\"shape\" " + shape.dump() + " holds a non-integer or negative");
+      entry_error(file, name,
+                  "\"shape\" " + json_for_message(shape) + " holds a non-integer or negative");
     }
     const auto d = dim.get<uint64_t>();
     if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
         (d != 0 && bytes > std::numeric_limits<uint64_t>::max() / d)) {
-      entry_error(file, name, "\"shape\" " + shape.dump() + " overflows");
+      entry_error(file, name, "\"shape\" " + json_for_message(shape) + " overflows");
     }
     bytes *= d;
     entry.shape.push_back(static_cast<int64_t>(d));
@@ -98,7 +105,8 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
   const auto& offsets = value["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
-    entry_error(file, name, "\"data_offsets\" " + offsets.dump() + " is not [begin, end]");
+    entry_error(file, name,
+                "\"data_offsets\" " + json_for_message(offsets) + " is not [begin, end]");
   }
   entry.begin = offsets[0].get<uint64_t>();
   entry.end = offsets[1].get<uint64_t>();
@@ -117,13 +125,6 @@ Entry parse_entry(const std::string& file, const std::string& name, const nlohma
   return entry;
 }
 
-// Writes `size` bytes or throws naming `path`.
-void write_all(std::FILE* stream, const void* data, size_t size, const std::string& path) {
-  if (size > 0 && std::fwrite(data, 1, size, stream) != size) {
-    throw Error(path + ": write failed");
-  }
-}
-
 }  // namespace
 
 const char* safetensors_dtype_name(DType dtype) {
@@ -137,12 +138,12 @@ DType dtype_from_safetensors_name(const std::string& name) {
   for (const auto& entry : kDTypeNames) {
     if (name == entry.name) return entry.dtype;
   }
-  throw Error("unknown safetensors dtype \"" + name + "\"");
+  throw Error("unknown safetensors dtype " + detail::quote_for_message(name));
 }
 
 SafetensorsContents parse_safetensors(const void* data, size_t size,
                                       const std::string& name_for_messages) {
-  const std::string& file = name_for_messages;
+  const std::string file = detail::printable_for_message(name_for_messages);
   const auto* bytes = static_cast<const unsigned char*>(data);
   if (size < 8) {
     throw Error(file + ": " + std::to_string(size) +
@@ -164,7 +165,8 @@ SafetensorsContents parse_safetensors(const void* data, size_t size,
   try {
     header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_size);
   } catch (const nlohmann::json::exception& error) {
-    throw Error(file + ": header is not valid JSON: " + error.what());
+    throw Error(file +
+                ": header is not valid JSON: " + detail::printable_for_message(error.what()));
   }
   if (!header.is_object()) throw Error(file + ": header is not a JSON object");
 
@@ -175,7 +177,8 @@ SafetensorsContents parse_safetensors(const void* data, size_t size,
       if (!value.is_object()) throw Error(file + ": \"__metadata__\" is not a JSON object");
       for (const auto& [key, text] : value.items()) {
         if (!text.is_string()) {
-          throw Error(file + ": \"__metadata__\" value of '" + key + "' is not a string");
+          throw Error(file + ": \"__metadata__\" value of " + detail::quote_for_message(key) +
+                      " is not a string");
         }
         contents.metadata[key] = text.get<std::string>();
       }
@@ -192,8 +195,9 @@ SafetensorsContents parse_safetensors(const void* data, size_t size,
             [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < by_offset.size(); ++i) {
     if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      throw Error(file + ": tensors '" + by_offset[i - 1]->name + "' and '" + by_offset[i]->name +
-                  "' overlap in the data section");
+      throw Error(file + ": tensors " + detail::quote_for_message(by_offset[i - 1]->name) +
+                  " and " + detail::quote_for_message(by_offset[i]->name) +
+                  " overlap in the data section");
     }
   }
 
@@ -209,14 +213,15 @@ SafetensorsContents parse_safetensors(const void* data, size_t size,
 
 SafetensorsContents load_safetensors(const std::string& path) {
   std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw Error(path + ": cannot open for reading");
+  if (!stream) throw Error(detail::printable_for_message(path) + ": cannot open for reading");
   stream.seekg(0, std::ios::end);
   const std::streamoff file_size = stream.tellg();
-  if (file_size < 0) throw Error(path + ": cannot determine the file size");
+  if (file_size < 0)
+    throw Error(detail::printable_for_message(path) + ": cannot determine the file size");
   stream.seekg(0, std::ios::beg);
   std::vector<char> buffer(static_cast<size_t>(file_size));
   if (!buffer.empty() && !stream.read(buffer.data(), file_size)) {
-    throw Error(path + ": read failed");
+    throw Error(detail::printable_for_message(path) + ": read failed");
   }
   return parse_safetensors(buffer.data(), buffer.size(), path);
 }
@@ -231,8 +236,10 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
   std::vector<size_t> sizes;
   uint64_t offset = 0;
   for (const auto& [name, view] : tensors) {
-    if (name == "__metadata__")
-      throw Error(path + ": '__metadata__' is reserved, not a tensor name");
+    if (name == "__metadata__") {
+      throw Error(detail::printable_for_message(path) +
+                  ": '__metadata__' is reserved, not a tensor name");
+    }
     const void* source = view.data;
     if (!view.is_contiguous()) {
       copies.push_back(Tensor::copy_of(view));
@@ -249,39 +256,25 @@ void save_safetensors(const std::string& path, const std::map<std::string, Tenso
     sizes.push_back(static_cast<size_t>(bytes));
     offset += bytes;
   }
-  std::string header_text = header.dump();
+  std::string header_text;
+  try {
+    header_text = header.dump();
+  } catch (const nlohmann::json::exception&) {  // a name or metadata text not in UTF-8
+    throw Error(detail::printable_for_message(path) +
+                ": tensor names and metadata must be valid UTF-8");
+  }
   // Pad with spaces so the data starts 8-byte aligned, as the reference writer does.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   unsigned char length_bytes[8];
   for (int i = 0; i < 8; ++i)
     length_bytes[i] = static_cast<unsigned char>(header_text.size() >> (8 * i));
 
-  // 2. Write a temporary file beside `path`, then rename it over `path`.
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  std::FILE* stream = std::fopen(temporary.c_str(), "wb");
-  if (stream == nullptr) throw Error(path + ": cannot open '" + temporary + "' for writing");
-  try {
-    write_all(stream, length_bytes, 8, path);
-    write_all(stream, header_text.data(), header_text.size(), path);
-    for (size_t i = 0; i < sources.size(); ++i) write_all(stream, sources[i], sizes[i], path);
-    if (std::fflush(stream) != 0 || ::fsync(fileno(stream)) != 0) {
-      throw Error(path + ": flushing '" + temporary + "' failed");
-    }
-  } catch (...) {
-    std::fclose(stream);
-    std::remove(temporary.c_str());
-    throw;
-  }
-  if (std::fclose(stream) != 0) {
-    std::remove(temporary.c_str());
-    throw Error(path + ": closing '" + temporary + "' failed");
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::remove(temporary.c_str());
-    throw Error(path + ": renaming '" + temporary + "' failed: " + error.message());
-  }
+  // 2. The file, whole or not at all.
+  detail::StagedFile file(path);
+  file.write(length_bytes, 8);
+  file.write(header_text);
+  for (size_t i = 0; i < sources.size(); ++i) file.write(sources[i], sizes[i]);
+  file.commit();
 }
 
 }  // namespace attend

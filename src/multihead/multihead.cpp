@@ -14,6 +14,7 @@
 #include "attend/safetensors.hpp"
 #include "multihead/multihead_internal.hpp"
 #include "multihead/parameter_init.hpp"
+#include "quote.hpp"
 
 namespace attend {
 
@@ -137,7 +138,7 @@ void MultiHeadAttention::load(const std::string& safetensors_path) {
   try {
     load_state_dict(contents.tensors);
   } catch (const Error& error) {
-    throw Error(safetensors_path + ": " + error.what());
+    throw Error(detail::printable_for_message(safetensors_path) + ": " + error.what());
   }
 }
 

@@ -25,6 +25,7 @@
 #include "bench/fma_peak.hpp"
 #include "bench/measure.hpp"
 #include "bench/read_bandwidth.hpp"
+#include "quote.hpp"
 
 namespace attend::cli {
 namespace {
@@ -82,7 +83,8 @@ BenchSettings parse_settings(const BenchArguments& arguments) {
       parse_integer("--repetitions", arguments.repetitions_text, 1, kMaxRepetitions));
   settings.min_seconds = parse_number("--min-time", arguments.min_time_text);
   if (!(settings.min_seconds >= 0 && settings.min_seconds <= kMaxMinTime)) {
-    throw Error("--min-time must be in [0, 3600] seconds, got '" + arguments.min_time_text + "'");
+    throw Error("--min-time must be in [0, 3600] seconds, got " +
+                detail::quote_for_message(arguments.min_time_text));
   }
   // Every name is checked before anything is measured.
   if (arguments.case_names.empty()) {
@@ -91,7 +93,8 @@ BenchSettings parse_settings(const BenchArguments& arguments) {
   for (const std::string& name : arguments.case_names) {
     const BenchCase* found = bench::find_bench_case(name);
     if (found == nullptr) {
-      throw Error("unknown case '" + name + "' (known: " + bench::known_case_names() + ")");
+      throw Error("unknown case " + detail::quote_for_message(name) +
+                  " (known: " + bench::known_case_names() + ")");
     }
     settings.cases.push_back(found);
   }

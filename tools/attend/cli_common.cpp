@@ -1,18 +1,15 @@
 // cli_common.cpp: helpers shared by the attend subcommands.
 #include "cli_common.hpp"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 
 #include "attend/error.hpp"
 #include "attend/npy.hpp"
+#include "quote.hpp"
 
 namespace attend::cli {
 
@@ -28,7 +25,8 @@ void print_error(const std::string& message) {
     }
   }
   while (!line.empty() && (line.back() == ' ' || line.back() == ';')) line.pop_back();
-  std::cerr << "error: " << line << '\n' << std::flush;
+  std::cerr << "error: " << detail::printable_for_message(line, std::string::npos) << '\n'
+            << std::flush;
 }
 
 Tensor read_input(const std::string& option, const std::string& path) {
@@ -45,10 +43,10 @@ double parse_number(const std::string& option, const std::string& text) {
   errno = 0;
   const double value = std::strtod(begin, &end);
   if (text.empty() || end == begin || *end != '\0') {
-    throw Error(option + ": '" + text + "' is not a number");
+    throw Error(option + ": " + detail::quote_for_message(text) + " is not a number");
   }
   if (errno == ERANGE && (value > 1 || value < -1)) {
-    throw Error(option + ": '" + text + "' is out of range");
+    throw Error(option + ": " + detail::quote_for_message(text) + " is out of range");
   }
   return value;
 }
@@ -56,13 +54,13 @@ double parse_number(const std::string& option, const std::string& text) {
 uint64_t parse_integer(const std::string& option, const std::string& text, uint64_t minimum,
                        uint64_t maximum) {
   if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
-    throw Error(option + ": '" + text + "' is not a non-negative integer");
+    throw Error(option + ": " + detail::quote_for_message(text) + " is not a non-negative integer");
   }
   uint64_t value = 0;
   for (char digit : text) {
     if (__builtin_mul_overflow(value, 10, &value) ||
         __builtin_add_overflow(value, static_cast<uint64_t>(digit - '0'), &value)) {
-      throw Error(option + ": '" + text + "' is out of range");
+      throw Error(option + ": " + detail::quote_for_message(text) + " is out of range");
     }
   }
   if (value < minimum || value > maximum) {
@@ -120,52 +118,20 @@ std::string describe(const std::string& path, const TensorView& contents) {
 }
 
 StagedTextFile::StagedTextFile(const std::string& option, const std::string& path,
-                               const std::string& contents)
-    : option_(option), path_(path) {
-  std::string temporary = path + ".tmp-XXXXXX";
-  const int fd = ::mkstemp(temporary.data());
-  if (fd < 0) fail("cannot create a temporary file: " + std::string(std::strerror(errno)));
-  temporary_path_ = temporary;
-  // mkstemp creates the file private (0600); a picture is for everyone to read.
-  if (::fchmod(fd, 0644) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::close(fd);
-    fail("cannot set permissions: " + reason);
-  }
-  size_t written = 0;
-  while (written < contents.size()) {
-    const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string reason = std::strerror(errno);
-      ::close(fd);
-      fail("cannot write: " + reason);
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::close(fd);
-    fail("cannot flush to disk: " + reason);
-  }
-  ::close(fd);
-}
-
-StagedTextFile::~StagedTextFile() {
-  if (!temporary_path_.empty()) ::unlink(temporary_path_.c_str());
+                               const std::string& contents) try
+    : option_(option), file_(path) {
+  file_.write(contents);
+  file_.flush();
+} catch (const Error& e) {
+  throw Error(option + " " + e.what());
 }
 
 void StagedTextFile::commit() {
-  if (::rename(temporary_path_.c_str(), path_.c_str()) != 0) {
-    fail("cannot rename the temporary file into place: " + std::string(std::strerror(errno)));
+  try {
+    file_.commit();
+  } catch (const Error& e) {
+    throw Error(option_ + " " + e.what());
   }
-  temporary_path_.clear();
-}
-
-void StagedTextFile::fail(const std::string& reason) {
-  if (!temporary_path_.empty()) ::unlink(temporary_path_.c_str());
-  temporary_path_.clear();
-  throw Error(option_ + ": " + path_ + ": " + reason);
 }
 
 }  // namespace attend::cli

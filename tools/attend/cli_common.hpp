@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attend/tensor.hpp"
+#include "io/staged_file.hpp"
 
 namespace attend::cli {
 
@@ -23,7 +24,9 @@ struct Command {
   std::function<void()> run;
 };
 
-// "error: " + the message on one line (newlines become "; ") to stderr.
+// "error: " + the message on one line (newlines become "; ") to stderr, every byte outside
+// printable ASCII written \xNN: a message may hold what the user typed (paths, CLI11's
+// messages about options) or a file's bytes, and none of it may reach the terminal raw.
 void print_error(const std::string& message);
 
 // Reads the .npy file `path` given to `option`; errors read "--query Q.npy: truncated ...".
@@ -47,28 +50,24 @@ struct OutputFile {
   TensorView contents;
 };
 
-// Writes every file or none: each goes to a temporary file first; the renames happen only
-// after all of them were written and flushed. Refuses two outputs naming the same path.
+// Writes every file or none (.npy, through StagedNpyFile): each goes to a temporary file
+// first; the renames happen only after all of them were written and flushed. Refuses two
+// outputs naming the same path.
 void write_outputs(const std::vector<OutputFile>& files);
 
-// One text file written to a temporary file beside `path` (flushed to disk, mode 0644) by
-// the constructor and renamed over `path` by commit(); an uncommitted one is removed. Errors
-// throw attend::Error reading "<option>: <path>: <reason>".
+// One text file, staged as the library stages every file (io/staged_file.hpp): the
+// constructor writes it to a temporary file beside `path` and flushes it to disk, commit()
+// renames it over `path`; an uncommitted one is removed. Errors throw attend::Error reading
+// "<option> <path>: <reason>". Several files all or nothing: construct every one, then commit.
 class StagedTextFile {
  public:
   StagedTextFile(const std::string& option, const std::string& path, const std::string& contents);
-  ~StagedTextFile();
-  StagedTextFile(const StagedTextFile&) = delete;
-  StagedTextFile& operator=(const StagedTextFile&) = delete;
 
   void commit();
 
  private:
-  [[noreturn]] void fail(const std::string& reason);
-
   std::string option_;
-  std::string path_;
-  std::string temporary_path_;
+  detail::StagedFile file_;
 };
 
 // "O.npy (2, 5, 64) float32"

@@ -18,6 +18,7 @@
 #include "demo_command.hpp"
 #include "info_command.hpp"
 #include "mha_command.hpp"
+#include "quote.hpp"
 #include "sdpa_command.hpp"
 #include "train_demo_command.hpp"
 
@@ -36,7 +37,8 @@ std::string missing_subcommand_message(const CLI::App& app, int argc, char** arg
     names += (names.empty() ? "" : ", ") + subcommand->get_name();
   }
   if (argc > 1 && argv[1] != nullptr && argv[1][0] != '-') {
-    return "unknown subcommand '" + std::string(argv[1]) + "' (available: " + names + ")";
+    return "unknown subcommand " + attend::detail::quote_for_message(argv[1]) +
+           " (available: " + names + ")";
   }
   if (argc <= 1) return "a subcommand is required (" + names + "); see attend --help";
   return error.what();
