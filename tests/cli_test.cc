@@ -214,7 +214,7 @@ TEST_F(AttendCli, ScoreRulesMatchTheLibrary) {
   options.segment_ids_key = documents.view();
   options.prefix = 1;
   options.need_weights = true;
-  const AttentionResult expected = reference(directory_.string(), options);
+  const AttentionResult expected = reference(directory_.path().string(), options);
   EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
   EXPECT_LT(max_difference(read_npy(path("W.npy")), expected.weights), kTolerance);
 }
