@@ -1,8 +1,10 @@
 // cases.cc: the case table of issue 3 and the inputs the cases run on.
 #include "bench/cases.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <utility>
 
 #include "attend/multihead.hpp"
 #include "attend/sdpa_backward.hpp"
@@ -10,8 +12,79 @@
 
 namespace attend::bench {
 
+bool AttentionShape::has_rules() const {
+  return rules.window_left >= 0 || rules.documents > 0 || rules.alibi || rules.softcap > 0 ||
+         rules.user_alibi;
+}
+
+namespace {
+
+// Document d of `documents` packed over `length` positions: lengths in the proportions 8, 2,
+// 6, 1, 4, 7, 3, 1 (of 32), repeated, the last one taking the rest. Returns [start, end).
+std::vector<int64_t> document_starts(int64_t length, int64_t documents) {
+  constexpr int64_t kParts[] = {8, 2, 6, 1, 4, 7, 3, 1};
+  std::vector<int64_t> starts;
+  int64_t position = 0;
+  for (int64_t d = 0; d < documents && position < length; ++d) {
+    starts.push_back(position);
+    position += std::max<int64_t>(1, length * kParts[d % 8] / 32);
+  }
+  return starts;
+}
+
+// The keys query i sees: [first, last] (empty when first > last), from causal, the window
+// and its document, as attend::detail::visible_keys and the segment ids define them.
+std::pair<int64_t, int64_t> visible_range(const AttentionShape& s,
+                                          const std::vector<int64_t>& starts, int64_t i) {
+  const int64_t aligned = i + s.key_len - s.query_len;
+  int64_t first = 0, last = s.key_len - 1;
+  if (s.causal) last = std::min(last, aligned);
+  if (s.rules.window_left >= 0) first = std::max<int64_t>(first, aligned - s.rules.window_left);
+  if (!starts.empty()) {
+    const auto next = std::upper_bound(starts.begin(), starts.end(),
+                                       std::clamp<int64_t>(aligned, 0, s.key_len - 1));
+    first = std::max(first, *(next - 1));
+    if (next != starts.end()) last = std::min(last, *next - 1);
+  }
+  return {first, last};
+}
+
+}  // namespace
+
+double AttentionShape::visible_scores() const {
+  const std::vector<int64_t> starts = document_starts(key_len, rules.documents);
+  double count = 0;
+  for (int64_t i = 0; i < query_len; ++i) {
+    const auto [first, last] = visible_range(*this, starts, i);
+    count += static_cast<double>(std::max<int64_t>(0, last - first + 1));
+  }
+  return count;
+}
+
+double AttentionShape::visited_fraction() const {
+  constexpr int64_t kQueryTile = 64, kKeyTile = 128;
+  const std::vector<int64_t> starts = document_starts(key_len, rules.documents);
+  const int64_t key_tiles = (key_len + kKeyTile - 1) / kKeyTile;
+  int64_t visited = 0, total = 0;
+  for (int64_t q0 = 0; q0 < query_len; q0 += kQueryTile) {
+    std::vector<char> seen(static_cast<size_t>(key_tiles), 0);
+    for (int64_t i = q0; i < std::min(query_len, q0 + kQueryTile); ++i) {
+      const auto [first, last] = visible_range(*this, starts, i);
+      for (int64_t t = first / kKeyTile; first <= last && t <= last / kKeyTile; ++t) {
+        seen[static_cast<size_t>(t)] = 1;
+      }
+    }
+    for (char tile : seen) visited += tile;
+    total += key_tiles;
+  }
+  return static_cast<double>(visited) / static_cast<double>(total);
+}
+
 double AttentionShape::flops() const {
-  return attention_flops(batch * heads, query_len, key_len, head_dim, head_dim, causal);
+  if (rules.window_left < 0 && rules.documents == 0) {
+    return attention_flops(batch * heads, query_len, key_len, head_dim, head_dim, causal);
+  }
+  return 4.0 * static_cast<double>(batch * heads * head_dim) * visible_scores();
 }
 
 double AttentionShape::key_value_bytes() const {
@@ -26,8 +99,7 @@ double AttentionShape::weights_bytes() const {
 
 double BenchCase::flops() const {
   if (workload != Workload::kAttentionBackward) return shape.flops();
-  return attention_backward_flops(shape.batch * shape.heads, shape.query_len, shape.key_len,
-                                  shape.head_dim, shape.head_dim, shape.causal);
+  return 2.5 * shape.flops();  // attend::attention_backward_flops on the visible scores
 }
 
 bool BenchCase::memory_bound() const {
@@ -147,6 +219,55 @@ const std::vector<BenchCase>& bench_cases() {
        .shape = {1, 1, 64, 16384, 64, false},
        .target = {TargetKind::kNone, 0},
        .summary = "64 queries of one head against 16384 keys"},
+      // Score rules (issue 12): GFLOP/s on the visible scores only, beside the dense cases.
+      {.name = "window",
+       .shape = {1, 16, 16384, 16384, 64, true, false, {.window_left = 512}},
+       .target = {TargetKind::kNone, 0},
+       .summary = "causal sliding window of 512 keys over 16384 (Mistral's rule)"},
+      {.name = "window-mask",
+       .shape = {1, 16, 16384, 16384, 64, false, false, {.window_left = 512, .as_mask = true}},
+       .target = {TargetKind::kNone, 0},
+       .summary = "window's rule as a dense (16384, 16384) bool mask"},
+      {.name = "window-dense",
+       .shape = {1, 16, 16384, 16384, 64, true},
+       .target = {TargetKind::kNone, 0},
+       .summary = "window's shape, causal without the window: every score computed"},
+      {.name = "documents",
+       .shape = {1, 16, 8192, 8192, 64, true, false, {.documents = 8}},
+       .target = {TargetKind::kNone, 0},
+       .summary = "8 packed documents of unequal lengths, causal within each"},
+      {.name = "softcap",
+       .shape = {1, 16, 2048, 2048, 128, false, false, {.softcap = 30}},
+       .target = {TargetKind::kNone, 0},
+       .summary = "s4 with logit soft-capping at 30 (Gemma 2)"},
+      {.name = "alibi",
+       .shape = {1, 16, 2048, 2048, 128, false, false, {.alibi = true}},
+       .target = {TargetKind::kNone, 0},
+       .summary = "s4 with ALiBi's default slopes"},
+      {.name = "user-mod",
+       .shape = {1, 16, 2048, 2048, 128, false, false, {.user_alibi = true}},
+       .target = {TargetKind::kNone, 0},
+       .summary = "s4 with ALiBi written as a user score_mod"},
+      {.name = "window-bwd",
+       .shape = {1, 16, 16384, 16384, 64, true, false, {.window_left = 512}},
+       .workload = Workload::kAttentionBackward,
+       .target = {TargetKind::kNone, 0},
+       .summary = "window's backward"},
+      {.name = "documents-bwd",
+       .shape = {1, 16, 8192, 8192, 64, true, false, {.documents = 8}},
+       .workload = Workload::kAttentionBackward,
+       .target = {TargetKind::kNone, 0},
+       .summary = "documents' backward"},
+      {.name = "softcap-bwd",
+       .shape = {1, 16, 2048, 2048, 128, false, false, {.softcap = 30}},
+       .workload = Workload::kAttentionBackward,
+       .target = {TargetKind::kNone, 0},
+       .summary = "softcap's backward"},
+      {.name = "alibi-bwd",
+       .shape = {1, 16, 2048, 2048, 128, false, false, {.alibi = true}},
+       .workload = Workload::kAttentionBackward,
+       .target = {TargetKind::kNone, 0},
+       .summary = "alibi's backward"},
   };
   return cases;
 }
@@ -189,7 +310,65 @@ TensorView over_heads(const Tensor& t, int64_t heads) {
 }
 }  // namespace
 
+// ALiBi as a user would write it (attend/score_mod.hpp): the built-in rule's formula.
+struct AlibiMod {
+  const float* slopes;
+  int64_t offset;  // Lk − Lq
+  template <class Score>
+  Score operator()(Score score, int64_t, int64_t h, int64_t q, int64_t kv) const {
+    return score + slopes[h] * static_cast<float>(kv - (q + offset));
+  }
+};
+
+struct RuleInputs {
+  Tensor segment_ids, mask;
+  std::vector<float> slopes;
+  AlibiMod alibi{nullptr, 0};
+  AttentionOptions options;
+};
+
 TensorView CaseTensors::key_view() const { return over_heads(key, heads); }
+
+AttentionOptions CaseTensors::options() const { return rules->options; }
+
+namespace {
+
+// Causal and the rules of `s` as options (the inputs they need kept in `r`).
+void set_rules(const AttentionShape& s, RuleInputs& r) {
+  AttentionOptions& o = r.options;
+  o.causal = s.causal;
+  const std::vector<int64_t> starts = document_starts(s.key_len, s.rules.documents);
+  if (s.rules.as_mask) {
+    // (Lq, Lk): what visible_range lets through, broadcast over batch and heads.
+    r.mask = Tensor::zeros(DType::kBool, Shape{s.query_len, s.key_len});
+    for (int64_t i = 0; i < s.query_len; ++i) {
+      const auto [first, last] = visible_range(s, starts, i);
+      for (int64_t j = first; j <= last; ++j) r.mask.data_as<uint8_t>()[i * s.key_len + j] = 1;
+    }
+    o.mask = r.mask.view();
+    o.causal = false;  // in the mask
+  } else {
+    if (s.rules.window_left >= 0) o.window = SlidingWindow{s.rules.window_left, 0};
+    if (s.rules.documents > 0) {
+      r.segment_ids = Tensor(DType::kInt32, Shape{s.key_len});
+      for (int64_t j = 0; j < s.key_len; ++j) {
+        r.segment_ids.data_as<int32_t>()[j] = static_cast<int32_t>(
+            std::upper_bound(starts.begin(), starts.end(), j) - starts.begin());
+      }
+      o.segment_ids_query = r.segment_ids.view();  // Lq == Lk in these cases
+      o.segment_ids_key = r.segment_ids.view();
+    }
+  }
+  o.alibi = s.rules.alibi;
+  if (s.rules.softcap > 0) o.softcap = s.rules.softcap;
+  if (s.rules.user_alibi) {
+    r.slopes = default_alibi_slopes(s.heads);
+    r.alibi = AlibiMod{r.slopes.data(), s.key_len - s.query_len};
+    o.user_rules = make_score_rules(r.alibi);
+  }
+}
+
+}  // namespace
 TensorView CaseTensors::value_view() const { return over_heads(value, heads); }
 
 CaseTensors make_case_tensors(const AttentionShape& shape, bool need_weights) {
@@ -205,6 +384,8 @@ CaseTensors make_case_tensors(const AttentionShape& shape, bool need_weights) {
   fill_uniform(tensors.key, 2);
   fill_uniform(tensors.value, 3);
   tensors.output = Tensor::zeros(DType::kFloat32, query_shape);
+  tensors.rules = std::make_shared<RuleInputs>();
+  set_rules(shape, *tensors.rules);
   if (need_weights) {
     tensors.weights = Tensor::zeros(
         DType::kFloat32, Shape{shape.batch, shape.heads, shape.query_len, shape.key_len});
@@ -224,7 +405,7 @@ std::function<void()> make_backward_workload(const AttentionShape& s, int num_th
   auto state = std::make_shared<State>();
   state->tensors = make_case_tensors(s, false);
   State& st = *state;
-  st.options.causal = s.causal;
+  st.options = st.tensors.options();
   st.options.num_threads = num_threads;
   st.options.need_logsumexp = true;
   AttentionResult forward = scaled_dot_product_attention(
@@ -276,8 +457,8 @@ void run_attention(CaseTensors& tensors, const AttentionShape& shape, int num_th
                    Backend backend) {
   // query (B, H, Lq, E), key and value (B, H, Lk, E) -> output (B, H, Lq, E) and, when
   // allocated, weights (B, H, Lq, Lk).
-  AttentionOptions options;
-  options.causal = shape.causal;
+  (void)shape;
+  AttentionOptions options = tensors.options();
   options.num_threads = num_threads;
   options.backend = backend;
   options.need_weights = !tensors.weights.empty();

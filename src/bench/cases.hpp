@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,9 +26,27 @@ struct AttentionShape {
   // Key and value of one head shared by all heads (multi-query attention): stored as
   // (batch, 1, key_len, head_dim) and passed as a view with stride 0 over the heads.
   bool shared_kv = false;
+  // The score rules of the case (attend/score_rules.hpp), bottom-right aligned.
+  struct Rules {
+    int64_t window_left = -1;  // sliding window of this many keys back (-1: none)
+    int64_t documents = 0;     // packed documents of fixed unequal lengths (0: none)
+    bool alibi = false;        // built-in ALiBi, default slopes
+    double softcap = 0;        // logit soft-capping (0: none)
+    bool user_alibi = false;   // ALiBi written as a user score_mod (attend/score_mod.hpp)
+    // The positional and document rules given as a dense (Lq, Lk) bool mask instead (what a
+    // user without them passes, and what PyTorch 1.13 computes with).
+    bool as_mask = false;
+  } rules = {};
+  bool has_rules() const;
 
-  // attend::attention_flops(batch·heads, Lq, Lk, E, E, causal): the shared formula.
+  // attend::attention_flops(batch·heads, Lq, Lk, E, E, causal): the shared formula; with
+  // rules, 4·B·H·E·(visible scores) (what the rules let through, counted exactly).
   double flops() const;
+  // Scores that take part in the softmax, per (batch, head).
+  double visible_scores() const;
+  // Share of (64-query, 128-key) tiles with a visible score: what the block-sparse kernel
+  // visits (1 without positional or document rules).
+  double visited_fraction() const;
   // Bytes of K and V read once: 2·B·H·Lk·E·4 (float32); H = 1 with shared_kv.
   double key_value_bytes() const;
   // Bytes of the float32 weights (B, H, Lq, Lk).
@@ -94,6 +113,11 @@ struct CaseTensors {
   TensorView key_view() const;
   TensorView value_view() const;
   int64_t heads = 1;
+  // The rules' inputs (segment ids, the dense mask, slopes, the user rule) and the options
+  // they make; shared so that copies keep the user rule's address.
+  std::shared_ptr<struct RuleInputs> rules;
+  // Options of one call: causal and the rules (threads and backend left to the caller).
+  AttentionOptions options() const;
 };
 
 // Query, key and value filled with deterministic pseudo-random values in [-1, 1); output and

@@ -70,6 +70,7 @@ struct CaseResult {
   // unet, unet-bwd: process peak RSS after the case (inputs and everything before included)
   int64_t peak_rss_bytes = 0;
   double target_measure = 0;  // the figure the target is about
+  std::string kernel;         // attend::attention_kernel of the case's attention
 };
 
 BenchSettings parse_settings(const BenchArguments& arguments) {
@@ -156,10 +157,19 @@ struct Probes {
       }};
 };
 
-// Median seconds per call of one problem on `threads` threads.
+// Median seconds per call of one problem on `threads` threads; `kernel`, when not null, gets
+// the path the call takes.
 bench::RepeatedTiming time_problem(const bench::AttentionShape& shape, bool need_weights,
-                                   int threads, const BenchSettings& settings) {
+                                   int threads, const BenchSettings& settings,
+                                   std::string* kernel = nullptr) {
   bench::CaseTensors tensors = bench::make_case_tensors(shape, need_weights);
+  if (kernel) {
+    AttentionOptions options = tensors.options();
+    options.need_weights = need_weights;
+    options.num_threads = threads;
+    *kernel =
+        attention_kernel(tensors.query.view(), tensors.key_view(), tensors.value_view(), options);
+  }
   return bench::time_repeated(
       [&] { bench::run_attention(tensors, shape, threads, Backend::kAuto); }, settings.repetitions,
       settings.min_seconds);
@@ -185,7 +195,7 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
   const bool memory_bound = c.memory_bound();
   if (memory_bound) result.read_gbps = probes.read_bandwidths.at(result.threads).gbps;
   if (c.workload == bench::Workload::kAttention) {
-    result.timing = time_problem(c.shape, c.need_weights, result.threads, settings);
+    result.timing = time_problem(c.shape, c.need_weights, result.threads, settings, &result.kernel);
   } else {
     result.timing = bench::time_repeated(bench::make_module_workload(c, result.threads),
                                          settings.repetitions, settings.min_seconds);
@@ -271,6 +281,10 @@ nlohmann::json to_json(const CaseResult& r, const std::string& simd_target,
     line["write_us"] = r.write_us;
   }
   if (r.peak_rss_bytes > 0) line["peak_rss_bytes"] = r.peak_rss_bytes;
+  if (!r.kernel.empty()) line["kernel"] = r.kernel;
+  if (c.shape.has_rules() || c.shape.rules.as_mask) {
+    line["visited_fraction"] = c.shape.visited_fraction();
+  }
   return line;
 }
 
@@ -297,6 +311,9 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
       std::snprintf(also, sizeof(also), "%.1f GB/s (%.0f%% of read)", r.gbps, r.pct_read);
     } else if (c.need_weights) {
       std::snprintf(also, sizeof(also), "%.2fx (unet+write)", r.weights_ratio);
+    } else if (c.shape.rules.window_left >= 0 || c.shape.rules.documents > 0) {
+      std::snprintf(also, sizeof(also), "visits %.1f%% of tiles",
+                    100.0 * c.shape.visited_fraction());
     } else if (r.peak_rss_bytes > 0) {
       std::snprintf(also, sizeof(also), "peak RSS %.0f MiB",
                     static_cast<double>(r.peak_rss_bytes) / (1 << 20));
@@ -316,8 +333,8 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
     std::printf("%s\n", line.c_str());
   }
   std::printf(
-      "FLOPs: attend::attention_flops (4*B*H*Lq*Lk*E, halved when causal), 2.5x that for the "
-      "*-bwd cases; %%peak: of the FMA "
+      "FLOPs: attend::attention_flops (4*B*H*Lq*Lk*E, halved when causal), or 4*B*H*E per "
+      "visible score for windows and documents, 2.5x that for the *-bwd cases; %%peak: of the FMA "
       "peak at the case's thread count; %% of read: of the read bandwidth at that count. unet "
       "peak RSS includes the inputs.\n");
 }
