@@ -948,6 +948,17 @@ class RowGroupAttention {
   // or K and V broadcast over the batch dimensions that differ).
   void Run(const Tile* const* tiles, const int64_t* queries, bool shared, KeySpan span) {
     const DF d;
+    // Keys before every row's first visible key (a sliding window's far past) are not
+    // computed: the span starts at the group's first visible key, rounded down to whole
+    // vectors (and whole dropout words of 4 keys). The sink joins the first chunk only.
+    const bool first_chunk = span.begin == 0;
+    int64_t group_begin = span.begin + span.count;
+    for (int r = 0; r < G; ++r) {
+      group_begin = std::min(group_begin, visible_keys(p_, queries[r]).begin());
+    }
+    const int64_t skip = std::clamp<int64_t>((group_begin - span.begin) / 16 * 16, 0, span.count);
+    span.begin += skip;
+    span.count -= skip;
     int64_t group_key_end = 0;  // from here on, key indices count from span.begin
     for (int r = 0; r < G; ++r) {
       tile_[r] = tiles[r];
@@ -1016,8 +1027,8 @@ class RowGroupAttention {
     VF sum_v[G], m_v[G];
     float sink_[G];
     for (int r = 0; r < G; ++r) {
-      sink_[r] = p_.sinks && span.begin == 0 ? p_.sinks[head_of(p_, tile_[r]->batch)] * kLog2e
-                                             : -std::numeric_limits<float>::infinity();
+      sink_[r] = p_.sinks && first_chunk ? p_.sinks[head_of(p_, tile_[r]->batch)] * kLog2e
+                                         : -std::numeric_limits<float>::infinity();
       row_max_[r] = std::max(hn::GetLane(hn::MaxOfLanes(d, max_v[r])), sink_[r]);
       m_v[r] = hn::Set(d, std::isinf(row_max_[r]) && row_max_[r] < 0 ? 0.0f : row_max_[r]);
       sum_v[r] = hn::Zero(d);
@@ -1036,7 +1047,7 @@ class RowGroupAttention {
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
       sum_[r] = hn::GetLane(hn::SumOfLanes(d, sum_v[r]));
-      if (p_.sinks && span.begin == 0) sum_[r] += std::exp2(sink_[r] - row_max_[r]);
+      if (p_.sinks && first_chunk) sum_[r] += std::exp2(sink_[r] - row_max_[r]);
       out_factor_[r] = span.partial ? keep_scale : keep_scale / sum_[r];
       float* scores = scores_[r];
       if (tile.weights) {
@@ -1057,8 +1068,9 @@ class RowGroupAttention {
       }
       if (tile.weights) {
         float* w = tile.weights + row_[r] * p_.weights_strides.row;
-        std::copy_n(scores, key_end_[r], w);
-        std::fill(w + key_end_[r], w + p_.key_len, 0.0f);
+        std::fill(w, w + span.begin, 0.0f);
+        std::copy_n(scores, key_end_[r], w + span.begin);
+        std::fill(w + span.begin + key_end_[r], w + p_.key_len, 0.0f);
       }
       out_[r] = ws_.out + r * ws_.out_stride;
       dest_[r] = span.partial ? span.partial->out + r * span.partial->out_stride
