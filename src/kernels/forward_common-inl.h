@@ -1,0 +1,135 @@
+// forward_common-inl.h: what the forward's two kernels (query tiles, row groups) and the key
+// split share: a work item's operands (Tile), the keys it runs over (KeySpan) and what a
+// chunk of keys leaves for the merge (PartialRows), the log-sum-exp and the listing's
+// fully excluded rows. Compiled once per Highway target (include after kernel_common-inl.h).
+#if defined(ATTEND_KERNELS_FORWARD_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTEND_KERNELS_FORWARD_COMMON_INL_H_
+#undef ATTEND_KERNELS_FORWARD_COMMON_INL_H_
+#else
+#define ATTEND_KERNELS_FORWARD_COMMON_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "dropout.hpp"
+#include "sdpa_params.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attend::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Natural log-sum-exp of a row from its log2-domain maximum m and its sum l = Σ 2^(s − m).
+inline float LogSumExp(float max_log2, float sum) {
+  return static_cast<float>(static_cast<double>(max_log2) * 0.6931471805599453 +
+                            std::log(static_cast<double>(sum)));
+}
+// A row whose every key is excluded: the listing's scores are all -1e9, so
+// log Σ exp = -1e9 + log Lk; -inf when such rows are zeroed.
+inline float FullyExcludedLogSumExp(const SdpaParams& p) {
+  return p.zero_fully_masked_rows
+             ? -std::numeric_limits<float>::infinity()
+             : static_cast<float>(-1e9 + std::log(static_cast<double>(p.key_len)));
+}
+
+// One (batch, query tile) work item: the operands' base pointers and the tile's extent.
+struct Tile {
+  int64_t batch;
+  int64_t first_query;  // q0
+  int64_t rows;         // queries in this tile, <= Tq
+  const float* query;   // batch base pointers
+  const float* key;
+  const float* value;
+  int64_t key_stride;    // rows of key and value: the operands' strides, or E and Ev when
+  int64_t value_stride;  // the tile reads a packed copy (see PackKeysAndValues)
+  float* output;
+  float* weights;
+  float* logsumexp;
+  const uint8_t* mask;
+  const float* bias;
+};
+
+// What one chunk of a key split (see PlanKeySplit) leaves for the merge, per row r of its
+// work item (a row group or a query tile).
+struct PartialRows {
+  float* out;  // [rows][out_stride]: Σ_j 2^(s_j − m)·keep_j·v_j / (1 − p) over the chunk
+  int64_t out_stride;
+  float* max;        // [rows]: m = max_j s_j (log2 domain), -inf when the chunk ran no key
+  float* sum;        // [rows]: l = Σ_j 2^(s_j − m)
+  uint8_t* visible;  // [rows]: some key neither masked nor hidden
+};
+
+// The keys a work item runs over: [begin, begin + count), all of them (count = Lk, no
+// partial) or one chunk of a key split, whose unnormalized results go to `partial`.
+struct KeySpan {
+  int64_t begin;
+  int64_t count;
+  const PartialRows* partial;
+};
+
+// A row that saw no key at all (every key masked or causally hidden): zeros with
+// zero_fully_masked_rows, else what the listing computes when every score is -1e9: uniform
+// weights 1/Lk over all keys (then dropout), output = their average of V.
+void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query) {
+  float* o = tile.output + query * p.output_strides.row;
+  float* w = tile.weights ? tile.weights + query * p.weights_strides.row : nullptr;
+  std::fill_n(o, p.value_dim, 0.0f);
+  if (p.zero_fully_masked_rows) {
+    if (w) std::fill_n(w, p.key_len, 0.0f);
+    return;
+  }
+  const uint32_t threshold = dropout_threshold(p.dropout);
+  const float uniform = 1.0f / static_cast<float>(p.key_len);
+  const float kept = static_cast<float>(uniform / (1.0 - static_cast<double>(p.dropout)));
+  for (int64_t j = 0; j < p.key_len; ++j) {
+    float weight = uniform;
+    if (p.dropout > 0) weight = dropout_keep(p.seed, threshold, tile.batch, query, j) ? kept : 0.0f;
+    if (w) w[j] = weight;
+    const float* v = tile.value + j * tile.value_stride;
+    for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * v[c];
+  }
+}
+
+// Points `tile` at the operands of batch index b (in place: a Tile returned by value and
+// then copied would be reloaded as vectors right after its scalar stores, a
+// store-forwarding stall).
+void SetTileBatch(const SdpaParams& p, int64_t b, Tile& tile) {
+  tile.batch = b;
+  const SdpaParams::BatchCoordinates at = p.batch_coordinates(b);
+  tile.query = p.query + at.offset(p.query_strides);
+  tile.key = p.key + at.offset(p.key_strides);
+  tile.value = p.value + at.offset(p.value_strides);
+  tile.key_stride = p.key_strides.row;
+  tile.value_stride = p.value_strides.row;
+  tile.output = p.output + at.offset(p.output_strides);
+  tile.weights = p.weights ? p.weights + at.offset(p.weights_strides) : nullptr;
+  tile.logsumexp = p.logsumexp ? p.logsumexp + at.offset(p.logsumexp_strides) : nullptr;
+  tile.mask = p.mask ? p.mask + at.offset(p.mask_strides) : nullptr;
+  tile.bias = p.bias ? p.bias + at.offset(p.bias_strides) : nullptr;
+}
+
+// The operands of batch b, query tile starting at q0 with `rows` rows.
+Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
+  Tile tile;
+  SetTileBatch(p, b, tile);
+  tile.first_query = q0;
+  tile.rows = rows;
+  return tile;
+}
+
+// Multiply-adds of one forward call: B·Lq·Lk·(E + Ev).
+double ForwardMultiplyAdds(const SdpaParams& p) {
+  return static_cast<double>(p.batch) * static_cast<double>(p.query_len) *
+         static_cast<double>(p.key_len) * static_cast<double>(p.head_dim + p.value_dim);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attend::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTEND_KERNELS_FORWARD_COMMON_INL_H_

@@ -1,0 +1,487 @@
+// query_tiles-inl.h: the query-tile kernel (TileAttention): a tile of up to 4 vectors of
+// queries along the lanes against key tiles of 128, the online-softmax recurrence per lane
+// (see fused_sdpa.cc), register blocks for Q·Kᵀ and P·V, key tiles the score rules exclude
+// never visited. Compiled once per Highway target (include after packing-inl.h).
+#if defined(ATTEND_KERNELS_QUERY_TILES_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTEND_KERNELS_QUERY_TILES_INL_H_
+#undef ATTEND_KERNELS_QUERY_TILES_INL_H_
+#else
+#define ATTEND_KERNELS_QUERY_TILES_INL_H_
+#endif
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "dropout.hpp"
+#include "score_rule_layer.hpp"
+#include "sdpa_params.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attend::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Key tile: 128 keys. The score tile (128 × Tq floats, 32 KiB at Tq = 64) stays in L1 while
+// it is exponentiated and multiplied by V; measured 64–256 within 2% on Zen 5.
+constexpr int64_t kKeyTile = 128;
+// At most 4 query vectors per tile (64 queries on AVX-512): enough rows to amortize each
+// K and V broadcast over 4 FMAs.
+constexpr int kMaxQueryVectors = 4;
+// Register blocks: the query vectors of a tile (QV, up to 4) × kScoreKeys keys of score
+// accumulators, and the same query vectors × kValueColumns value columns of output
+// accumulators, kAccumulators in all. 32-register targets: 24 (4×6: 4 + 6 loads per 24
+// FMAs; 2×12 for tiles of 2 vectors: 0–17 % faster than 2×6 at Lq = 32, E = 64 in two
+// noisy comparisons).
+// 16-register targets: 8, leaving room for the operands.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kAccumulators = 24;
+#else
+constexpr int kAccumulators = 8;
+#endif
+
+// Per-thread scratch, allocated once per call and thread (never in the tile loops).
+struct Workspace {
+  hwy::AlignedFreeUniquePtr<float[]> query_t;    // [E][Tq]   scaled, transposed queries
+  hwy::AlignedFreeUniquePtr<float[]> score_t;    // [Tk][Tq]  scores, then probabilities
+  hwy::AlignedFreeUniquePtr<float[]> out_t;      // [Ev][Tq]  unnormalized output
+  hwy::AlignedFreeUniquePtr<float[]> row_max;    // [Tq]      running max m (log2 domain)
+  hwy::AlignedFreeUniquePtr<float[]> row_sum;    // [Tq]      running sum l
+  hwy::AlignedFreeUniquePtr<float[]> alpha;      // [Tq]      rescale factor of this key tile
+  hwy::AlignedFreeUniquePtr<uint8_t[]> visible;  // [Tq]      some key not excluded so far
+  hwy::AlignedFreeUniquePtr<float[]> tile_max;   // [Lk/Tk][Tq] reference point per key tile
+  hwy::AlignedFreeUniquePtr<int64_t[]> visited;  // [Lk/Tk]    first key of each visited tile
+  RowRules row_rules;                            // the tile's rows' visible keys and documents
+  KeepTile keep;                                 // [Tk][Tq]  pairwise rules' verdicts
+  PackedOperands packed;                         // see PackKeysAndValues
+
+  explicit Workspace(const SdpaParams& p) {
+    const int64_t tq = kMaxQueryVectors * kLanes;
+    query_t = hwy::AllocateAligned<float>(static_cast<size_t>(p.head_dim * tq));
+    score_t = hwy::AllocateAligned<float>(static_cast<size_t>(kKeyTile * tq));
+    out_t =
+        hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1) * tq));
+    row_max = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
+    row_sum = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
+    alpha = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
+    visible = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(tq));
+    const int64_t key_tiles = (p.key_len + kKeyTile - 1) / kKeyTile;
+    tile_max = hwy::AllocateAligned<float>(static_cast<size_t>((p.weights ? key_tiles : 1) * tq));
+    visited = hwy::AllocateAligned<int64_t>(static_cast<size_t>(p.weights ? key_tiles : 1));
+    row_rules.Allocate(tq);
+    if (has_pairwise_rules(p)) keep.Allocate(kKeyTile, tq);
+  }
+  bool ok() const {
+    return query_t && score_t && out_t && row_max && row_sum && alpha && visible && tile_max &&
+           visited && row_rules.ok() && keep.ok();
+  }
+};
+
+// score_t[j][q] = Σ_e query_t[e][q]·K[k0 + j][e] for KEYS keys starting at key_row:
+// a KEYS × QV register block of accumulators, K entries broadcast from memory.
+template <int QV, int KEYS>
+HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT query_t, const float* key_row,
+                           int64_t key_stride, int64_t head_dim, float* HWY_RESTRICT score_t) {
+  const DF d;
+  constexpr int64_t tq = QV * kLanes;
+  VF acc[KEYS][QV];
+  for (int c = 0; c < KEYS; ++c) {
+    for (int r = 0; r < QV; ++r) acc[c][r] = hn::Zero(d);
+  }
+  for (int64_t e = 0; e < head_dim; ++e) {
+    VF q[QV];
+    for (int r = 0; r < QV; ++r) q[r] = hn::Load(d, query_t + e * tq + r * kLanes);
+    for (int c = 0; c < KEYS; ++c) {
+      const VF k = hn::Set(d, key_row[c * key_stride + e]);
+      for (int r = 0; r < QV; ++r) acc[c][r] = hn::MulAdd(q[r], k, acc[c][r]);
+    }
+  }
+  for (int c = 0; c < KEYS; ++c) {
+    for (int r = 0; r < QV; ++r) hn::Store(acc[c][r], d, score_t + c * tq + r * kLanes);
+  }
+}
+
+// out_t[ev][q] = alpha[q]·out_t[ev][q] + Σ_j score_t[j][q]·V[j][ev] for COLS value columns
+// and RQ query vectors (starting at vector r0): an RQ × COLS register block.
+template <int QV, int RQ, int COLS>
+HWY_INLINE void ValueBlock(const float* HWY_RESTRICT score_t, const float* value_column,
+                           int64_t value_stride, int64_t keys, const float* HWY_RESTRICT alpha,
+                           int r0, float* HWY_RESTRICT out_t_column) {
+  const DF d;
+  constexpr int64_t tq = QV * kLanes;
+  VF acc[RQ][COLS];
+  for (int r = 0; r < RQ; ++r) {
+    const VF a = hn::Load(d, alpha + (r0 + r) * kLanes);
+    for (int c = 0; c < COLS; ++c) {
+      acc[r][c] = hn::Mul(a, hn::Load(d, out_t_column + c * tq + (r0 + r) * kLanes));
+    }
+  }
+  for (int64_t j = 0; j < keys; ++j) {
+    VF prob[RQ];
+    for (int r = 0; r < RQ; ++r) prob[r] = hn::Load(d, score_t + j * tq + (r0 + r) * kLanes);
+    const float* v = value_column + j * value_stride;
+    for (int c = 0; c < COLS; ++c) {
+      const VF vb = hn::Set(d, v[c]);
+      for (int r = 0; r < RQ; ++r) acc[r][c] = hn::MulAdd(prob[r], vb, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RQ; ++r) {
+    for (int c = 0; c < COLS; ++c) {
+      hn::Store(acc[r][c], d, out_t_column + c * tq + (r0 + r) * kLanes);
+    }
+  }
+}
+
+template <int QV>
+class TileAttention {
+ public:
+  static constexpr int64_t kTq = QV * kLanes;
+  // kAccumulators per register block whatever the tile height; at one query vector, 8
+  // keys or columns (as many as FMA latency × ports): more would need a load per FMA.
+  static constexpr int kScoreKeys = QV == 1 ? std::min(8, kAccumulators) : kAccumulators / QV;
+  static constexpr int kValueColumns = kScoreKeys;
+
+  TileAttention(const SdpaParams& p, Workspace& ws) : p_(p), ws_(ws) {}
+
+  // The tile's rows over the keys of `span` (whole key tiles: span.begin is a multiple of
+  // kKeyTile). Key tiles that no row of the tile sees (by position, document or mask) are
+  // never loaded: the block sparsity of the score rules.
+  void Run(const Tile& tile, KeySpan span) {
+    LoadQueries(tile);
+    const int64_t head = head_of(p_, tile.batch);
+    if (may_exclude(p_)) ws_.row_rules.Load(p_, tile.batch, tile.first_query, tile.rows, kTq);
+    // Keys past key_end are excluded by position for every row of the tile: skipped.
+    const int64_t span_end = span.begin + span.count;
+    const VisibleKeys last_row = visible_keys(p_, tile.first_query + tile.rows - 1);
+    const int64_t key_end = std::clamp<int64_t>(last_row.reach(), 0, span_end);
+    // The sink joins the first chunk's denominator as a key of score sink_h with no value.
+    const bool sink = p_.sinks != nullptr && span.begin == 0;
+    std::fill_n(ws_.row_max.get(), kTq,
+                sink ? p_.sinks[head] * kLog2e : -std::numeric_limits<float>::infinity());
+    std::fill_n(ws_.row_sum.get(), kTq, sink ? 1.0f : 0.0f);
+    std::fill_n(ws_.visible.get(), kTq, uint8_t{0});
+    std::fill_n(ws_.out_t.get(), p_.value_dim * kTq, 0.0f);
+    const float keep_scale = 1.0f / (1.0f - p_.dropout);
+
+    // One pass: online softmax with output accumulation. With weights, each key tile's
+    // probabilities 2^(s − m_t) are written as they are and rescaled once the final m and
+    // l are known, while the tile's rows are still in cache.
+    int64_t visited = 0;
+    for (int64_t k0 = span.begin; k0 < key_end; k0 += kKeyTile) {
+      const int64_t keys = std::min(kKeyTile, key_end - k0);
+      const TileVerdict verdict = ws_.row_rules.Classify(p_, tile.batch, k0, keys);
+      if (verdict == TileVerdict::kEmpty ||
+          (has_pairwise_rules(p_) &&
+           !ws_.keep.Fill(p_, tile.batch, tile.mask, tile.first_query, tile.rows, k0, keys, kTq))) {
+        if (tile.weights) ZeroWeights(tile, k0, k0 + keys);
+        continue;
+      }
+      ComputeScores(tile, k0, keys, verdict);
+      SoftmaxStep(keys, tile.weights ? ws_.tile_max.get() + visited * kTq : nullptr);
+      if (p_.dropout > 0) ApplyDropout(tile, k0, keys);
+      if (tile.weights) {
+        ws_.visited[visited] = k0;
+        WriteWeights(tile, k0, keys);
+      }
+      ++visited;
+      AccumulateValues(tile, k0, keys, ws_.alpha.get());
+    }
+    if (span.partial) {  // a chunk of a key split (never with weights): for the merge
+      const PartialRows& partial = *span.partial;
+      FinishOutput(tile.rows, partial.out, partial.out_stride, keep_scale, false);
+      std::copy_n(ws_.row_max.get(), tile.rows, partial.max);
+      std::copy_n(ws_.row_sum.get(), tile.rows, partial.sum);
+      std::copy_n(ws_.visible.get(), tile.rows, partial.visible);
+      return;
+    }
+    if (tile.weights) {
+      ZeroWeights(tile, std::max<int64_t>(key_end, 0), p_.key_len);
+      RescaleWeights(tile, visited, keep_scale);
+    }
+    FinishOutput(tile.rows, tile.output + tile.first_query * p_.output_strides.row,
+                 p_.output_strides.row, keep_scale, true);
+    const bool fix_rows = FixesFullyExcludedRows(p_);
+    if (tile.logsumexp) {
+      for (int64_t r = 0; r < tile.rows; ++r) {
+        tile.logsumexp[(tile.first_query + r) * p_.logsumexp_strides.row] =
+            fix_rows && !ws_.visible[r] ? FullyExcludedLogSumExp(p_)
+                                        : LogSumExp(ws_.row_max[r], ws_.row_sum[r]);
+      }
+    }
+    if (fix_rows) FixFullyExcludedRows(tile);
+  }
+
+ private:
+  // query_t[e][r] = Q[q0 + r][e]·scale·log2(e); rows past the tile's end are zero.
+  // With score modifications (softcap, ALiBi, a user rule) the scores stay in natural units
+  // until ModifyScores has run, which then applies log2(e).
+  void LoadQueries(const Tile& tile) {
+    const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
+    float* query_t = ws_.query_t.get();
+#if ATTEND_BLOCK_SHUFFLES
+    if (p_.head_dim % kLanes == 0) {
+      const DF d;
+      const VF factor_v = hn::Set(d, factor);
+      for (int64_t r0 = 0; r0 < kTq; r0 += kLanes) {
+        for (int64_t e0 = 0; e0 < p_.head_dim; e0 += kLanes) {
+          VF v[kLanes];
+          for (int64_t i = 0; i < kLanes; ++i) {
+            const float* q = tile.query + (tile.first_query + r0 + i) * p_.query_strides.row;
+            v[i] = r0 + i < tile.rows ? hn::Mul(hn::LoadU(d, q + e0), factor_v) : hn::Zero(d);
+          }
+          TransposeSquare(v);
+          for (int64_t i = 0; i < kLanes; ++i) hn::Store(v[i], d, query_t + (e0 + i) * kTq + r0);
+        }
+      }
+      return;
+    }
+#endif
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      const float* q = tile.query + (tile.first_query + r) * p_.query_strides.row;
+      for (int64_t e = 0; e < p_.head_dim; ++e) query_t[e * kTq + r] = q[e] * factor;
+    }
+    if (tile.rows < kTq) {
+      for (int64_t e = 0; e < p_.head_dim; ++e) {
+        std::fill(query_t + e * kTq + tile.rows, query_t + (e + 1) * kTq, 0.0f);
+      }
+    }
+  }
+
+  // score_t[j][r] for keys [k0, k0 + keys): Q·Kᵀ, then the modifications and the exclusions of
+  // score_rule_layer.hpp (log2 domain from here on).
+  void ComputeScores(const Tile& tile, int64_t k0, int64_t keys, TileVerdict verdict) {
+    const float* key = tile.key + k0 * tile.key_stride;
+    const int64_t key_stride = tile.key_stride;
+    float* score_t = ws_.score_t.get();
+    int64_t j = 0;
+    for (; j + kScoreKeys <= keys; j += kScoreKeys) {
+      ScoreBlock<QV, kScoreKeys>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
+                                 score_t + j * kTq);
+    }
+    if constexpr (kScoreKeys > 4) {
+      for (; j + 4 <= keys; j += 4) {
+        ScoreBlock<QV, 4>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
+                          score_t + j * kTq);
+      }
+    }
+    for (; j < keys; ++j) {
+      ScoreBlock<QV, 1>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
+                        score_t + j * kTq);
+    }
+    if (has_score_mods(p_)) {
+      ModifyScores(p_, tile.batch, tile.bias, tile.first_query, tile.rows, k0, keys, kTq, score_t);
+    } else if (tile.bias != nullptr) {
+      AddBias(p_, tile.bias, tile.first_query, tile.rows, k0, keys, kTq, kLog2e, score_t);
+    }
+    if (may_exclude(p_)) {
+      ApplyExclusions(p_, tile.batch, ws_.row_rules, ws_.keep, k0, keys, kTq, verdict, score_t,
+                      ws_.visible.get(), tile.rows);
+    }
+  }
+
+  // Online-softmax step over `keys` rows of score_t: new max, alpha = 2^(m − m'),
+  // probabilities 2^(s − m') in place, l' = α·l + Σ p.
+  // Stores the reference point m' (0 for rows still at -inf) in tile_max when not null.
+  void SoftmaxStep(int64_t keys, float* tile_max_out) {
+    const DF d;
+    float* score_t = ws_.score_t.get();
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    for (int r = 0; r < QV; ++r) {
+      float* column = score_t + r * kLanes;
+      // Four independent max chains: one chain would wait out the latency of every max.
+      VF max0 = neg_inf, max1 = neg_inf, max2 = neg_inf, max3 = neg_inf;
+      int64_t j = 0;
+      for (; j + 4 <= keys; j += 4) {
+        max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
+        max1 = hn::Max(max1, hn::Load(d, column + (j + 1) * kTq));
+        max2 = hn::Max(max2, hn::Load(d, column + (j + 2) * kTq));
+        max3 = hn::Max(max3, hn::Load(d, column + (j + 3) * kTq));
+      }
+      for (; j < keys; ++j) max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
+      const VF tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
+      const VF old_max = hn::Load(d, ws_.row_max.get() + r * kLanes);
+      const VF new_max = hn::Max(old_max, tile_max);
+      // A row whose scores are all -inf so far keeps m' = -inf; use 0 as the reference
+      // point so that 2^(-inf - m') is 0, not NaN.
+      const VF safe_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
+      const VF alpha = Exp2(d, hn::Sub(old_max, safe_max));
+      VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+      for (j = 0; j + 2 <= keys; j += 2) {
+        const VF prob0 = Exp2(d, hn::Sub(hn::Load(d, column + j * kTq), safe_max));
+        const VF prob1 = Exp2(d, hn::Sub(hn::Load(d, column + (j + 1) * kTq), safe_max));
+        hn::Store(prob0, d, column + j * kTq);
+        hn::Store(prob1, d, column + (j + 1) * kTq);
+        sum0 = hn::Add(sum0, prob0);
+        sum1 = hn::Add(sum1, prob1);
+      }
+      if (j < keys) {
+        const VF prob = Exp2(d, hn::Sub(hn::Load(d, column + j * kTq), safe_max));
+        hn::Store(prob, d, column + j * kTq);
+        sum0 = hn::Add(sum0, prob);
+      }
+      const VF sum = hn::Add(sum0, sum1);
+      const VF old_sum = hn::Load(d, ws_.row_sum.get() + r * kLanes);
+      hn::Store(hn::MulAdd(alpha, old_sum, sum), d, ws_.row_sum.get() + r * kLanes);
+      hn::Store(new_max, d, ws_.row_max.get() + r * kLanes);
+      hn::Store(alpha, d, ws_.alpha.get() + r * kLanes);
+      if (tile_max_out) hn::Store(safe_max, d, tile_max_out + r * kLanes);
+    }
+  }
+
+  // weights[q0 + r][key tile t] ·= 2^(m_t − m)·keep_scale / l: from the probabilities
+  // relative to each tile's reference point m_t to the final normalized weights.
+  void RescaleWeights(const Tile& tile, int64_t key_tiles, float keep_scale) {
+    // key_tiles: the visited tiles, the first key of tile t at ws_.visited[t].
+    const DF d;
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    float* factors = ws_.tile_max.get();  // becomes [t][r] rescale factors in place
+    for (int r = 0; r < QV; ++r) {
+      const VF row_max = hn::Load(d, ws_.row_max.get() + r * kLanes);
+      const VF safe_max = hn::IfThenZeroElse(hn::Eq(row_max, neg_inf), row_max);
+      const VF scale = hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r * kLanes));
+      for (int64_t t = 0; t < key_tiles; ++t) {
+        float* f = factors + t * kTq + r * kLanes;
+        hn::Store(hn::Mul(Exp2(d, hn::Sub(hn::Load(d, f), safe_max)), scale), d, f);
+      }
+    }
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      float* w = tile.weights + (tile.first_query + r) * p_.weights_strides.row;
+      for (int64_t t = 0; t < key_tiles; ++t) {
+        const VF factor = hn::Set(d, factors[t * kTq + r]);
+        const int64_t end = std::min(p_.key_len, ws_.visited[t] + kKeyTile);
+        int64_t j = ws_.visited[t];
+        for (; j + kLanes <= end; j += kLanes) {
+          hn::StoreU(hn::Mul(hn::LoadU(d, w + j), factor), d, w + j);
+        }
+        for (; j < end; ++j) w[j] *= factors[t * kTq + r];
+      }
+    }
+  }
+
+  // Zeroes dropped probabilities (1/(1 − p) is applied at the end). The draw for
+  // (batch, query, key) is the same Philox word the reference uses.
+  void ApplyDropout(const Tile& tile, int64_t k0, int64_t keys) {
+    const uint32_t threshold = dropout_threshold(p_.dropout);
+    float* score_t = ws_.score_t.get();
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      const int64_t query = tile.first_query + r;
+      for (int64_t j = 0; j < keys; j += 4) {  // k0 is a multiple of 4: groups align
+        const PhiloxWords draws = dropout_draws(p_.seed, tile.batch, query, (k0 + j) / 4);
+        for (int64_t w = 0; w < 4 && j + w < keys; ++w) {
+          float& prob = score_t[(j + w) * kTq + r];
+          if (draws.word[w] < threshold) prob = 0.0f;
+        }
+      }
+    }
+  }
+
+  // weights[q0 + r][k0 + j] = score_t[j][r].
+  void WriteWeights(const Tile& tile, int64_t k0, int64_t keys) {
+    const float* score_t = ws_.score_t.get();
+    int64_t j_end = 0;  // keys [0, j_end) written by whole transposed blocks
+#if ATTEND_BLOCK_SHUFFLES
+    const DF d;
+    j_end = keys - keys % kLanes;
+    for (int64_t r0 = 0; r0 < tile.rows; r0 += kLanes) {
+      const int64_t rows = std::min<int64_t>(kLanes, tile.rows - r0);
+      for (int64_t j0 = 0; j0 < j_end; j0 += kLanes) {
+        VF v[kLanes];
+        for (int64_t i = 0; i < kLanes; ++i) v[i] = hn::Load(d, score_t + (j0 + i) * kTq + r0);
+        TransposeSquare(v);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* w = tile.weights + (tile.first_query + r0 + i) * p_.weights_strides.row;
+          hn::StoreU(v[i], d, w + k0 + j0);
+        }
+      }
+    }
+#endif
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      float* w = tile.weights + (tile.first_query + r) * p_.weights_strides.row;
+      for (int64_t j = j_end; j < keys; ++j) w[k0 + j] = score_t[j * kTq + r];
+    }
+  }
+
+  // weights[q0 + r][begin, end) = 0: keys of tiles that no row sees.
+  void ZeroWeights(const Tile& tile, int64_t begin, int64_t end) {
+    if (begin >= end) return;
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      float* w = tile.weights + (tile.first_query + r) * p_.weights_strides.row;
+      std::fill(w + begin, w + end, 0.0f);
+    }
+  }
+
+  void AccumulateValues(const Tile& tile, int64_t k0, int64_t keys, const float* alpha) {
+    const float* value = tile.value + k0 * tile.value_stride;
+    const int64_t value_stride = tile.value_stride;
+    const float* score_t = ws_.score_t.get();
+    float* out_t = ws_.out_t.get();
+    // All QV query vectors at once × kValueColumns columns, then narrower blocks for the tail.
+    int64_t c = 0;
+    for (; c + kValueColumns <= p_.value_dim; c += kValueColumns) {
+      ValueBlock<QV, QV, kValueColumns>(score_t, value + c, value_stride, keys, alpha, 0,
+                                        out_t + c * kTq);
+    }
+    if constexpr (kValueColumns > 4) {
+      for (; c + 4 <= p_.value_dim; c += 4) {
+        ValueBlock<QV, QV, 4>(score_t, value + c, value_stride, keys, alpha, 0, out_t + c * kTq);
+      }
+    }
+    for (; c + 2 <= p_.value_dim; c += 2) {
+      ValueBlock<QV, QV, 2>(score_t, value + c, value_stride, keys, alpha, 0, out_t + c * kTq);
+    }
+    for (; c < p_.value_dim; ++c) {
+      ValueBlock<QV, QV, 1>(score_t, value + c, value_stride, keys, alpha, 0, out_t + c * kTq);
+    }
+  }
+
+  // out[r][ev] = out_t[ev][r]·keep_scale (/ l_r when `divide`) for rows r < rows, row r at
+  // out + r·out_stride.
+  void FinishOutput(int64_t rows, float* out, int64_t out_stride, float keep_scale, bool divide) {
+    const float* out_t = ws_.out_t.get();
+#if ATTEND_BLOCK_SHUFFLES
+    if (p_.value_dim % kLanes == 0) {
+      const DF d;
+      for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
+        const int64_t block_rows = std::min<int64_t>(kLanes, rows - r0);
+        const VF factor = divide
+                              ? hn::Div(hn::Set(d, keep_scale), hn::Load(d, ws_.row_sum.get() + r0))
+                              : hn::Set(d, keep_scale);
+        for (int64_t c0 = 0; c0 < p_.value_dim; c0 += kLanes) {
+          VF v[kLanes];
+          for (int64_t i = 0; i < kLanes; ++i) {
+            v[i] = hn::Mul(hn::Load(d, out_t + (c0 + i) * kTq + r0), factor);
+          }
+          TransposeSquare(v);
+          for (int64_t i = 0; i < block_rows; ++i)
+            hn::StoreU(v[i], d, out + (r0 + i) * out_stride + c0);
+        }
+      }
+      return;
+    }
+#endif
+    for (int64_t r = 0; r < rows; ++r) {
+      const float factor = divide ? keep_scale / ws_.row_sum[r] : keep_scale;
+      float* o = out + r * out_stride;
+      for (int64_t c = 0; c < p_.value_dim; ++c) o[c] = out_t[c * kTq + r] * factor;
+    }
+  }
+
+  void FixFullyExcludedRows(const Tile& tile) {
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      if (!ws_.visible[r]) WriteFullyExcludedRow(p_, tile, tile.first_query + r);
+    }
+  }
+
+  const SdpaParams& p_;
+  Workspace& ws_;
+};
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attend::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTEND_KERNELS_QUERY_TILES_INL_H_

@@ -1,0 +1,584 @@
+// row_groups-inl.h: the few-query kernel (RowGroupAttention): lanes along E and Ev, up to
+// kRowGroup rows per work item sharing each load of K and V (or, decoding, rows of several
+// batch indices reading their own K and V). Compiled once per Highway target (include after
+// forward_common-inl.h).
+#if defined(ATTEND_KERNELS_ROW_GROUPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ATTEND_KERNELS_ROW_GROUPS_INL_H_
+#undef ATTEND_KERNELS_ROW_GROUPS_INL_H_
+#else
+#define ATTEND_KERNELS_ROW_GROUPS_INL_H_
+#endif
+
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "dropout.hpp"
+#include "score_rule_layer.hpp"
+#include "sdpa_params.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace attend::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// ---------------------------------------------------------------------------------------
+// Few queries (decoding, short phrases): a query tile would leave most lanes empty, so the
+// lanes run along E and Ev instead. A work item is a group of up to kRowGroup consecutive
+// query rows of one batch index; each phase runs over the group's rows, whose independent
+// dependency chains (horizontal sums, max, exp, divisions) then overlap, and the rows share
+// each load of K and V. With one query per batch index (decoding) a group holds the rows of
+// kRowGroup consecutive batch indices instead, each reading its own K and V: separate
+// memory streams, where one stream per core leaves memory parallelism unused.
+//
+// Per row i:  s_j = (q_i·k_j)·scale·log2 e (+ bias), excluded → -1e9·log2 e, for the
+// visible keys j < key_end_i;  m = max_j s_j;  p_j = 2^(s_j − m);  l = Σ p_j;
+// output = Σ_j p_j·keep_j·v_j / l / (1 − p). The group's score rows all run to the largest
+// key_end of the group (rounded up to whole vectors); lanes past a row's own key_end hold
+// -inf, so their probabilities are exactly 0.
+
+// Rows per group: their score accumulators (4 per row) and the shared K vectors must fit
+// in the register file (32 registers on AVX-512, 16 below).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kRowGroup = 4;
+#else
+constexpr int kRowGroup = 2;
+#endif
+
+// Row buffers live in the workspace object itself up to these sizes (short phrases: no
+// allocation per call), on the heap beyond.
+constexpr int64_t kInlineKeys = 256;
+constexpr int64_t kInlineValueDim = 256;
+
+struct RowWorkspace {
+  float* scores;  // [kRowGroup][score_stride]: Lk rounded up to lanes
+  float* out;     // [kRowGroup][out_stride]:   Ev rounded up to lanes
+  int64_t score_stride;
+  int64_t out_stride;
+  // The operands of the batch index tile_batch[r] (-1: none yet), row r's when a group
+  // spans batch indices (one query per batch index: decoding), tiles[0] otherwise.
+  Tile tiles[kRowGroup] = {};
+  int64_t tile_batch[kRowGroup];
+
+  explicit RowWorkspace(const SdpaParams& p) {
+    std::fill_n(tile_batch, kRowGroup, int64_t{-1});
+    const auto lanes = static_cast<size_t>(kLanes);
+    score_stride = static_cast<int64_t>(hwy::RoundUpTo(static_cast<size_t>(p.key_len), lanes));
+    out_stride = static_cast<int64_t>(
+        hwy::RoundUpTo(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1)), lanes));
+    if (score_stride <= kInlineKeys) {
+      scores = inline_scores_;
+    } else {
+      heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * score_stride));
+      scores = heap_scores_.get();
+    }
+    needs_keep = p.user_rules != nullptr && p.user_rules->mask != nullptr;
+    if (needs_keep) {
+      keep_storage = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(p.key_len));
+      keep = keep_storage.get();
+    }
+    if (out_stride <= kInlineValueDim) {
+      out = inline_out_;
+    } else {
+      heap_out_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * out_stride));
+      out = heap_out_.get();
+    }
+  }
+  // Lk bytes for a user mask rule's verdicts on one row (null without one).
+  unsigned char* keep = nullptr;
+  hwy::AlignedFreeUniquePtr<uint8_t[]> keep_storage;
+  RowWorkspace(const RowWorkspace&) = delete;
+  RowWorkspace& operator=(const RowWorkspace&) = delete;
+  bool ok() const {
+    return scores != nullptr && out != nullptr && (keep != nullptr || !needs_keep);
+  }
+  bool needs_keep = false;
+
+ private:
+  alignas(64) float inline_scores_[kRowGroup * kInlineKeys];
+  alignas(64) float inline_out_[kRowGroup * kInlineValueDim];
+  hwy::AlignedFreeUniquePtr<float[]> heap_scores_;
+  hwy::AlignedFreeUniquePtr<float[]> heap_out_;
+};
+
+// Σ_e a[e]·b[e] for four rows b0..b3 at once (lanes along e, scalar tail).
+HWY_INLINE void Dot4(const float* HWY_RESTRICT a, const float* b0, const float* b1, const float* b2,
+                     const float* b3, int64_t n, float* HWY_RESTRICT out) {
+  const DF d;
+  VF acc0 = hn::Zero(d), acc1 = hn::Zero(d), acc2 = hn::Zero(d), acc3 = hn::Zero(d);
+  int64_t e = 0;
+  for (; e + kLanes <= n; e += kLanes) {
+    const VF av = hn::LoadU(d, a + e);
+    acc0 = hn::MulAdd(av, hn::LoadU(d, b0 + e), acc0);
+    acc1 = hn::MulAdd(av, hn::LoadU(d, b1 + e), acc1);
+    acc2 = hn::MulAdd(av, hn::LoadU(d, b2 + e), acc2);
+    acc3 = hn::MulAdd(av, hn::LoadU(d, b3 + e), acc3);
+  }
+  float s0 = hn::GetLane(hn::SumOfLanes(d, acc0)), s1 = hn::GetLane(hn::SumOfLanes(d, acc1));
+  float s2 = hn::GetLane(hn::SumOfLanes(d, acc2)), s3 = hn::GetLane(hn::SumOfLanes(d, acc3));
+  for (; e < n; ++e) {
+    s0 += a[e] * b0[e];
+    s1 += a[e] * b1[e];
+    s2 += a[e] * b2[e];
+    s3 += a[e] * b3[e];
+  }
+  out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
+#if ATTEND_QUAD_SUMS
+// Scores of keys [0, key_end) for G rows, four keys at a time (E a multiple of kLanes):
+// scores[r][j] = q_r·k_r,j, stored as whole vectors; lanes past key_end are left unset in
+// the last vector (the caller pads them). kShared: the rows share one K (key[0]), each of
+// whose vectors is then loaded once for the G rows; else each row reads its own K (rows of
+// different heads: G streams from memory, where one would leave the core's memory
+// parallelism unused).
+template <int G, bool kShared>
+HWY_INLINE void QuadScores(const float* const* query, const float* const* key, int64_t key_stride,
+                           int64_t head_dim, int64_t key_end, float* scores, int64_t score_stride) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const auto lanes = hn::Iota(di, 0);
+  VF pending[G];
+  for (int r = 0; r < G; ++r) pending[r] = hn::Zero(d);
+  int64_t j = 0;
+  for (; j + 4 <= key_end; j += 4) {
+    VF acc[G][4];
+    for (int r = 0; r < G; ++r) {
+      for (int c = 0; c < 4; ++c) acc[r][c] = hn::Zero(d);
+    }
+    for (int64_t e = 0; e < head_dim; e += kLanes) {
+      VF k[4];
+      if constexpr (kShared) {
+        for (int c = 0; c < 4; ++c) k[c] = hn::LoadU(d, key[0] + (j + c) * key_stride + e);
+      }
+      for (int r = 0; r < G; ++r) {
+        if constexpr (!kShared) {
+          for (int c = 0; c < 4; ++c) k[c] = hn::LoadU(d, key[r] + (j + c) * key_stride + e);
+        }
+        const VF q = hn::LoadU(d, query[r] + e);
+        for (int c = 0; c < 4; ++c) acc[r][c] = hn::MulAdd(q, k[c], acc[r][c]);
+      }
+    }
+    const int64_t first_lane = j % kLanes;
+    const auto in_quad = hn::RebindMask(
+        d, hn::And(hn::Gt(lanes, hn::Set(di, static_cast<int32_t>(first_lane - 1))),
+                   hn::Lt(lanes, hn::Set(di, static_cast<int32_t>(first_lane + 4)))));
+    for (int r = 0; r < G; ++r) {
+      const VF quad = QuadSums(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      pending[r] = hn::IfThenElse(in_quad, quad, pending[r]);
+      if (first_lane + 4 == kLanes) {
+        hn::Store(pending[r], d, scores + r * score_stride + j + 4 - kLanes);
+      }
+    }
+  }
+  // The last 1–3 keys: dot products put into their lanes one by one.
+  for (; j < key_end; ++j) {
+    const int64_t lane = j % kLanes;
+    const auto at_lane = hn::RebindMask(d, hn::Eq(lanes, hn::Set(di, static_cast<int32_t>(lane))));
+    for (int r = 0; r < G; ++r) {
+      VF acc = hn::Zero(d);
+      for (int64_t e = 0; e < head_dim; e += kLanes) {
+        acc =
+            hn::MulAdd(hn::LoadU(d, query[r] + e), hn::LoadU(d, key[r] + j * key_stride + e), acc);
+      }
+      pending[r] = hn::IfThenElse(at_lane, hn::SumOfLanes(d, acc), pending[r]);
+      if (lane == kLanes - 1) hn::Store(pending[r], d, scores + r * score_stride + j + 1 - kLanes);
+    }
+  }
+  if (key_end % kLanes != 0) {
+    for (int r = 0; r < G; ++r) {
+      hn::Store(pending[r], d, scores + r * score_stride + key_end - key_end % kLanes);
+    }
+  }
+}
+#endif  // ATTEND_QUAD_SUMS
+
+// Scores of keys [0, key_end) for one row with any E: Dot4 and a scalar tail, each score
+// put into its lane of a register vector that is stored whole (a vector load of bytes
+// written by scalar stores would stall store-to-load forwarding).
+HWY_INLINE void RowScores(const float* query, const float* key, int64_t key_stride,
+                          int64_t head_dim, int64_t key_end, float* scores) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const auto lanes = hn::Iota(di, 0);
+  VF pending = hn::Zero(d);
+  const auto put = [&](int64_t k, float score) {
+    const int64_t lane = k % kLanes;
+    pending =
+        hn::IfThenElse(hn::RebindMask(d, hn::Eq(lanes, hn::Set(di, static_cast<int32_t>(lane)))),
+                       hn::Set(d, score), pending);
+    if (lane == kLanes - 1) hn::Store(pending, d, scores + k - lane);
+  };
+  int64_t j = 0;
+  for (; j + 4 <= key_end; j += 4) {
+    float dots[4];
+    Dot4(query, key + j * key_stride, key + (j + 1) * key_stride, key + (j + 2) * key_stride,
+         key + (j + 3) * key_stride, head_dim, dots);
+    for (int k = 0; k < 4; ++k) put(j + k, dots[k]);
+  }
+  for (; j < key_end; ++j) {
+    float s = 0;
+    for (int64_t e = 0; e < head_dim; ++e) s += query[e] * key[j * key_stride + e];
+    put(j, s);
+  }
+  if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
+}
+
+// out_r[c] (+)= Σ_j prob_r[j]·V_r[j][c] for G rows and the vector columns c < columns (a
+// multiple of kLanes), starting from zero when `first`; when `last`, stores
+// out_r·factor_r into dest_r instead of out_r. kShared: the rows share one V (value[0]),
+// each of whose vectors is loaded once for the G rows; else each row reads its own.
+template <int G, bool kShared>
+HWY_INLINE void AccumulateRows(const float* const* prob, const float* const* value,
+                               int64_t value_stride, int64_t keys, int64_t columns, bool first,
+                               bool last, const float* factor, float* const* out,
+                               float* const* dest) {
+  const DF d;
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= columns; c += 2 * kLanes) {
+    VF acc0[G], acc1[G];
+    for (int r = 0; r < G; ++r) {
+      acc0[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
+      acc1[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c + kLanes);
+    }
+    for (int64_t j = 0; j < keys; ++j) {
+      VF v0, v1;
+      if constexpr (kShared) {
+        const float* v = value[0] + j * value_stride + c;
+        v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + kLanes);
+      }
+      for (int r = 0; r < G; ++r) {
+        if constexpr (!kShared) {
+          const float* v = value[r] + j * value_stride + c;
+          v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + kLanes);
+        }
+        const VF pj = hn::Set(d, prob[r][j]);
+        acc0[r] = hn::MulAdd(pj, v0, acc0[r]);
+        acc1[r] = hn::MulAdd(pj, v1, acc1[r]);
+      }
+    }
+    for (int r = 0; r < G; ++r) {
+      if (last) {
+        const VF f = hn::Set(d, factor[r]);
+        hn::StoreU(hn::Mul(acc0[r], f), d, dest[r] + c);
+        hn::StoreU(hn::Mul(acc1[r], f), d, dest[r] + c + kLanes);
+      } else {
+        hn::Store(acc0[r], d, out[r] + c);
+        hn::Store(acc1[r], d, out[r] + c + kLanes);
+      }
+    }
+  }
+  for (; c < columns; c += kLanes) {
+    VF acc[G];
+    for (int r = 0; r < G; ++r) acc[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
+    for (int64_t j = 0; j < keys; ++j) {
+      for (int r = 0; r < G; ++r) {
+        const VF v = hn::LoadU(d, value[kShared ? 0 : r] + j * value_stride + c);
+        acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
+      }
+    }
+    for (int r = 0; r < G; ++r) {
+      if (last) {
+        hn::StoreU(hn::Mul(acc[r], hn::Set(d, factor[r])), d, dest[r] + c);
+      } else {
+        hn::Store(acc[r], d, out[r] + c);
+      }
+    }
+  }
+}
+
+template <int G>
+class RowGroupAttention {
+ public:
+  RowGroupAttention(const SdpaParams& p, RowWorkspace& ws) : p_(p), ws_(ws) {}
+
+  // Row r of the group: query row queries[r] of the batch index whose operands tiles[r]
+  // points at, over the keys of `span`. shared: the rows share K and V (one batch index,
+  // or K and V broadcast over the batch dimensions that differ).
+  void Run(const Tile* const* tiles, const int64_t* queries, bool shared, KeySpan span) {
+    const DF d;
+    // Keys before every row's first visible key (a sliding window's far past) are not
+    // computed: the span starts at the group's first visible key, rounded down to whole
+    // vectors (and whole dropout words of 4 keys). The sink joins the first chunk only.
+    const bool first_chunk = span.begin == 0;
+    int64_t group_begin = span.begin + span.count;
+    for (int r = 0; r < G; ++r) {
+      group_begin = std::min(group_begin, visible_keys(p_, queries[r]).begin());
+    }
+    const int64_t skip = std::clamp<int64_t>((group_begin - span.begin) / 16 * 16, 0, span.count);
+    span.begin += skip;
+    span.count -= skip;
+    int64_t group_key_end = 0;  // from here on, key indices count from span.begin
+    for (int r = 0; r < G; ++r) {
+      tile_[r] = tiles[r];
+      row_[r] = queries[r];
+      visible_keys_[r] = visible_keys(p_, row_[r]);
+      key_end_[r] = std::clamp<int64_t>(visible_keys_[r].end() - span.begin, 0, span.count);
+      group_key_end = std::max(group_key_end, key_end_[r]);
+      scores_[r] = ws_.scores + r * ws_.score_stride;
+      query_[r] = tile_[r]->query + row_[r] * p_.query_strides.row;
+      key_[r] = tile_[r]->key + span.begin * p_.key_strides.row;
+      value_[r] = tile_[r]->value + span.begin * p_.value_strides.row;
+    }
+    const int64_t padded_end = static_cast<int64_t>(
+        hwy::RoundUpTo(static_cast<size_t>(group_key_end), static_cast<size_t>(kLanes)));
+
+    // 1. Dot products of the keys before the group's last visible key.
+    ComputeDots(group_key_end, shared);
+
+    // 2. The score rules (score_rule_layer.hpp); lanes past each row's key_end become -inf
+    // after scaling (the scale may be negative), so 2^(-inf) = 0 leaves sums and outputs
+    // alone. Without modifications or pairwise rules, positions are judged a vector at a
+    // time: keys before the window (and past the prefix) get -inf as well.
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    const bool plain = !has_score_mods(p_) && p_.bias == nullptr && !has_pairwise_rules(p_);
+    const hn::RebindToSigned<DF> di;
+    VF max_v[G];
+    for (int r = 0; r < G; ++r) {
+      const Tile& tile = *tile_[r];
+      float* scores = scores_[r];
+      max_v[r] = neg_inf;
+      if (plain) {
+        const VisibleKeys& keys = visible_keys_[r];
+        const VF factor_v = hn::Set(d, p_.scale * kLog2e);
+        // Lane l of vector j holds key span.begin + j + l: visible iff before key_end and
+        // (in the prefix or from the window's first key on).
+        const auto prefix_end = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(
+                                                keys.prefix_end - span.begin, -1, span.count)));
+        const auto first = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(
+                                           keys.first - span.begin, -1, span.count + 1)));
+        const auto end = hn::Set(di, static_cast<int32_t>(key_end_[r]));
+        for (int64_t j = 0; j < padded_end; j += kLanes) {
+          const auto lane = hn::Iota(di, static_cast<int32_t>(j));
+          const auto visible = hn::And(
+              hn::Lt(lane, end), hn::Or(hn::Lt(lane, prefix_end), hn::Not(hn::Lt(lane, first))));
+          const VF s = hn::IfThenElse(hn::RebindMask(d, visible),
+                                      hn::Mul(hn::Load(d, scores + j), factor_v), neg_inf);
+          hn::Store(s, d, scores + j);
+          max_v[r] = hn::Max(max_v[r], s);
+        }
+        const int64_t begin = span.begin, last = begin + key_end_[r] - 1;
+        visible_[r] = std::min(keys.prefix_end, last + 1) > begin ||
+                      std::max(keys.first, begin) <= std::min(keys.last, last);
+      } else {
+        std::fill(scores + key_end_[r], scores + padded_end,
+                  -std::numeric_limits<float>::infinity());
+        visible_[r] = apply_score_rules_to_row(p_, tile.batch, row_[r], span.begin, key_end_[r],
+                                               scores, ws_.keep);
+        for (int64_t j = 0; j < padded_end; j += kLanes) {
+          max_v[r] = hn::Max(max_v[r], hn::Load(d, scores + j));
+        }
+      }
+    }
+
+    // 3. Probabilities 2^(s − m) and their sums (m = 0 when every score is -inf).
+    // The head's sink (first chunk only) joins the maximum here and the sum below.
+    VF sum_v[G], m_v[G];
+    float sink_[G];
+    for (int r = 0; r < G; ++r) {
+      sink_[r] = p_.sinks && first_chunk ? p_.sinks[head_of(p_, tile_[r]->batch)] * kLog2e
+                                         : -std::numeric_limits<float>::infinity();
+      row_max_[r] = std::max(hn::GetLane(hn::MaxOfLanes(d, max_v[r])), sink_[r]);
+      m_v[r] = hn::Set(d, std::isinf(row_max_[r]) && row_max_[r] < 0 ? 0.0f : row_max_[r]);
+      sum_v[r] = hn::Zero(d);
+    }
+    for (int64_t j = 0; j < padded_end; j += kLanes) {
+      for (int r = 0; r < G; ++r) {
+        const VF prob = Exp2(d, hn::Sub(hn::Load(d, scores_[r] + j), m_v[r]));
+        hn::Store(prob, d, scores_[r] + j);
+        sum_v[r] = hn::Add(sum_v[r], prob);
+      }
+    }
+
+    // 4. Normalize (into the weights when requested), dropout. A chunk of a key split leaves
+    // the normalization to the merge (and never has weights: see PlanKeySplit).
+    const float keep_scale = 1.0f / (1.0f - p_.dropout);
+    for (int r = 0; r < G; ++r) {
+      const Tile& tile = *tile_[r];
+      sum_[r] = hn::GetLane(hn::SumOfLanes(d, sum_v[r]));
+      if (p_.sinks && first_chunk) sum_[r] += std::exp2(sink_[r] - row_max_[r]);
+      out_factor_[r] = span.partial ? keep_scale : keep_scale / sum_[r];
+      float* scores = scores_[r];
+      if (tile.weights) {
+        const float inv_sum = 1.0f / sum_[r];
+        for (int64_t j = 0; j < key_end_[r]; ++j) scores[j] *= inv_sum * keep_scale;
+        out_factor_[r] = 1.0f;
+      }
+      if (p_.dropout > 0) {
+        const uint32_t threshold = dropout_threshold(p_.dropout);
+        for (int64_t j = 0; j < key_end_[r]; j += 4) {
+          // span.begin is a multiple of 4: whole words of the row's draws.
+          const PhiloxWords draws =
+              dropout_draws(p_.seed, tile.batch, row_[r], (span.begin + j) / 4);
+          for (int64_t w = 0; w < 4 && j + w < key_end_[r]; ++w) {
+            if (draws.word[w] < threshold) scores[j + w] = 0.0f;
+          }
+        }
+      }
+      if (tile.weights) {
+        float* w = tile.weights + row_[r] * p_.weights_strides.row;
+        std::fill(w, w + span.begin, 0.0f);
+        std::copy_n(scores, key_end_[r], w + span.begin);
+        std::fill(w + span.begin + key_end_[r], w + p_.key_len, 0.0f);
+      }
+      out_[r] = ws_.out + r * ws_.out_stride;
+      dest_[r] = span.partial ? span.partial->out + r * span.partial->out_stride
+                              : tile.output + row_[r] * p_.output_strides.row;
+    }
+
+    // 5. Output = P·V·factor, the vector columns in chunks of 256 keys (a chunk of V, up to
+    // 256 KiB at Ev = 256, is read from memory once and from cache for the remaining column
+    // blocks), the last few columns one at a time.
+    constexpr int64_t kKeyChunk = 256;
+    const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
+    for (int64_t k0 = 0; k0 < group_key_end; k0 += kKeyChunk) {
+      const float* prob[G];
+      const float* value[G];
+      for (int r = 0; r < G; ++r) {
+        prob[r] = scores_[r] + k0;
+        value[r] = value_[r] + k0 * p_.value_strides.row;
+      }
+      const int64_t keys = std::min(kKeyChunk, group_key_end - k0);
+      const bool first = k0 == 0, last = k0 + kKeyChunk >= group_key_end;
+      if (shared) {
+        AccumulateRows<G, true>(prob, value, p_.value_strides.row, keys, vector_columns, first,
+                                last, out_factor_, out_, dest_);
+      } else {
+        AccumulateRows<G, false>(prob, value, p_.value_strides.row, keys, vector_columns, first,
+                                 last, out_factor_, out_, dest_);
+      }
+    }
+    for (int r = 0; r < G; ++r) {
+      for (int64_t c = vector_columns; c < p_.value_dim; ++c) {
+        float acc = 0;
+        for (int64_t j = 0; j < key_end_[r]; ++j) {
+          acc += scores_[r][j] * value_[r][j * p_.value_strides.row + c];
+        }
+        dest_[r][c] = acc * out_factor_[r];
+      }
+      // No key at all: AccumulateRows never ran; the exclusion fix below writes the row.
+      if (group_key_end == 0) std::fill_n(dest_[r], p_.value_dim, 0.0f);
+    }
+
+    // 6. Log-sum-exp, rows with every key excluded; or what the merge of a split needs.
+    if (span.partial) {
+      for (int r = 0; r < G; ++r) {
+        span.partial->max[r] = row_max_[r];
+        span.partial->sum[r] = sum_[r];
+        span.partial->visible[r] = visible_[r];
+      }
+      return;
+    }
+    for (int r = 0; r < G; ++r) {
+      const Tile& tile = *tile_[r];
+      const bool excluded_row = !visible_[r] && FixesFullyExcludedRows(p_);
+      if (tile.logsumexp) {
+        tile.logsumexp[row_[r] * p_.logsumexp_strides.row] =
+            excluded_row ? FullyExcludedLogSumExp(p_) : LogSumExp(row_max_[r], sum_[r]);
+      }
+      if (excluded_row) WriteFullyExcludedRow(p_, tile, row_[r]);
+    }
+  }
+
+ private:
+  void ComputeDots(int64_t key_end, bool shared) {
+#if ATTEND_QUAD_SUMS
+    if (p_.head_dim % kLanes == 0) {
+      if (shared) {
+        QuadScores<G, true>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
+                            ws_.score_stride);
+      } else {
+        QuadScores<G, false>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
+                             ws_.score_stride);
+      }
+      return;
+    }
+#endif
+    (void)shared;  // RowScores reads each row's own K
+    for (int r = 0; r < G; ++r) {
+      RowScores(query_[r], key_[r], p_.key_strides.row, p_.head_dim, key_end, scores_[r]);
+    }
+  }
+
+  const SdpaParams& p_;
+  RowWorkspace& ws_;
+  const Tile* tile_[G];  // operands of each row's batch index
+  int64_t row_[G];       // each row's query index
+  VisibleKeys visible_keys_[G];
+  int64_t key_end_[G];
+  bool visible_[G];
+  float row_max_[G];
+  float sum_[G];
+  float out_factor_[G];
+  float* scores_[G];
+  const float* query_[G];
+  const float* key_[G];
+  const float* value_[G];
+  float* out_[G];
+  float* dest_[G];
+};
+
+// Work items: groups of up to kRowGroup consecutive rows of one batch index or, with one
+// query per batch index (decoding), the rows of up to kRowGroup consecutive batch indices.
+template <int G>
+void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, bool across,
+                 KeySpan span) {
+  const Tile* tiles[G];
+  int64_t queries[G];
+  for (int r = 0; r < G; ++r) {
+    const int64_t b = across ? b0 + r : b0;
+    Tile& tile = ws.tiles[across ? r : 0];
+    if (ws.tile_batch[across ? r : 0] != b) {  // reuse the base pointers (finding them divides)
+      SetTileBatch(p, b, tile);
+      ws.tile_batch[across ? r : 0] = b;
+    }
+    tiles[r] = &tile;
+    queries[r] = across ? 0 : q0 + r;
+  }
+  // Rows of different batch indices still share K and V when those are broadcast over the
+  // batch dimensions that differ (stride 0: multi-query attention).
+  bool shared = true;
+  for (int r = 1; r < G; ++r) {
+    shared = shared && tiles[r]->key == tiles[0]->key && tiles[r]->value == tiles[0]->value;
+  }
+  RowGroupAttention<G>(p, ws).Run(tiles, queries, shared, span);
+}
+
+// The row groups of a call: item → (first batch index, first query, rows).
+struct RowGroups {
+  bool across;  // one query per batch index: a group spans kRowGroup batch indices
+  int64_t per_batch;
+  int64_t count;
+
+  explicit RowGroups(const SdpaParams& p)
+      : across(p.query_len == 1),
+        per_batch(across ? 1 : (p.query_len + kRowGroup - 1) / kRowGroup),
+        count(across ? (p.batch + kRowGroup - 1) / kRowGroup : p.batch * per_batch) {}
+  int64_t first_batch(int64_t item) const { return across ? item * kRowGroup : item / per_batch; }
+  int64_t first_query(int64_t item) const {
+    return across ? 0 : (item - first_batch(item) * per_batch) * kRowGroup;
+  }
+  int64_t rows(const SdpaParams& p, int64_t item) const {
+    return std::min<int64_t>(
+        kRowGroup, across ? p.batch - first_batch(item) : p.query_len - first_query(item));
+  }
+  void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
+    const int64_t b0 = first_batch(item), q0 = first_query(item), n = rows(p, item);
+    if constexpr (kRowGroup == 4) {
+      if (n == 4) return RunRowGroup<4>(p, ws, b0, q0, across, span);
+      if (n == 3) return RunRowGroup<3>(p, ws, b0, q0, across, span);
+    }
+    if (n == 2) return RunRowGroup<2>(p, ws, b0, q0, across, span);
+    RunRowGroup<1>(p, ws, b0, q0, across, span);
+  }
+};
+
+}  // namespace HWY_NAMESPACE
+}  // namespace attend::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // ATTEND_KERNELS_ROW_GROUPS_INL_H_
