@@ -118,6 +118,12 @@ const float* per_head_for_kernel(const TensorView& t, std::optional<Tensor>& sto
 }  // namespace
 
 void validate_score_rules(const AttentionOptions& options, const Shape& scores_shape) {
+  // The common case, no rule at all, in a few loads (tiny calls pay for every instruction).
+  if (!options.window && !options.softcap && !options.alibi_slopes && !options.sinks &&
+      !options.segment_ids_query && !options.segment_ids_key && options.prefix == 0 &&
+      !options.user_rules) {
+    return;
+  }
   const int64_t Lq = scores_shape.back(1), Lk = scores_shape.back(0);
   const int64_t heads = heads_of(scores_shape);
   if (options.window) {
@@ -166,13 +172,17 @@ void fill_score_rules(SdpaParams& p, const AttentionOptions& options, const Shap
   p.causal = options.causal;
   p.diagonal_offset =
       options.causal_alignment == CausalAlignment::kBottomRight ? p.key_len - p.query_len : 0;
+  p.heads = heads_of(scores_shape);
+  if (!options.window && !options.softcap && !options.alibi && !options.alibi_slopes &&
+      !options.sinks && !options.segment_ids_query && options.prefix == 0 && !options.user_rules) {
+    return;  // no rule beyond causal: the defaults of SdpaParams
+  }
   if (options.window) {
     p.window_left = options.window->left;
     p.window_right = options.window->right;
   }
   p.prefix = options.prefix;
   p.softcap = options.softcap ? static_cast<float>(*options.softcap) : 0.0f;
-  p.heads = heads_of(scores_shape);
   if (options.alibi_slopes) {
     p.alibi_slopes = per_head_for_kernel(*options.alibi_slopes, storage.alibi_slopes);
   } else if (options.alibi) {

@@ -16,12 +16,6 @@ namespace attend::detail {
 // ids, prefix, user rules. scores_shape is (batch..., Lq, Lk).
 void validate_score_rules(const AttentionOptions& options, const Shape& scores_shape);
 
-// Converted copies the kernels read (float32 slopes and sinks, int32 segment ids).
-struct ScoreRuleInputs {
-  std::optional<Tensor> alibi_slopes, sinks, segment_query, segment_key;
-  std::vector<float> default_slopes;
-};
-
 // Fills causal, the alignment, window, prefix, softcap, heads, slopes, sinks, segments and
 // user rules of `p` (sizes already set).
 void fill_score_rules(SdpaParams& p, const AttentionOptions& options, const Shape& scores_shape,

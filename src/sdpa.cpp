@@ -18,9 +18,6 @@
 
 namespace attend::detail {
 
-KernelInputs::KernelInputs() : rules(std::make_unique<ScoreRuleInputs>()) {}
-KernelInputs::~KernelInputs() = default;
-
 namespace {
 
 bool is_mask_dtype(DType d) { return !is_floating(d); }
@@ -323,7 +320,7 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
     p.bias_strides = broadcast_strides("bias", b, problem.scores_shape);
   }
 
-  fill_score_rules(p, options, problem.scores_shape, *storage.rules);
+  fill_score_rules(p, options, problem.scores_shape, storage.rules);
   p.scale = static_cast<float>(options.scale ? *options.scale
                                              : 1.0 / std::sqrt(static_cast<double>(p.head_dim)));
   p.zero_fully_masked_rows = options.fully_masked_rows == FullyMaskedRows::kZero;

@@ -2,9 +2,9 @@
 // backward (sdpa_backward.cpp) API boundaries: public views in, one SdpaParams out.
 #pragma once
 
-#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attend/sdpa.hpp"
 #include "attend/tensor.hpp"
@@ -47,12 +47,14 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
 void check_logsumexp(const char* name, const TensorView& lse, const Shape& scores_shape);
 
 // Converted copies of inputs that were not float32 with a contiguous last dimension.
-struct ScoreRuleInputs;
+// Converted copies of the score rules' inputs (float32 slopes and sinks, int32 segment ids).
+struct ScoreRuleInputs {
+  std::optional<Tensor> alibi_slopes, sinks, segment_query, segment_key;
+  std::vector<float> default_slopes;
+};
 struct KernelInputs {
-  KernelInputs();
-  ~KernelInputs();
   std::optional<Tensor> query, key, value, mask, bias;
-  std::unique_ptr<ScoreRuleInputs> rules;  // slopes, sinks, segment ids
+  ScoreRuleInputs rules;
 };
 // SdpaParams with sizes, inputs, mask, bias and options filled (outputs null).
 SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,

@@ -137,39 +137,47 @@ inline constexpr NoMaskMod kNoMaskMod{};
 
 namespace detail {
 
+// Calls f(r, c, offset) for every element of the tile, the step-1 dimension innermost (the
+// kernels' query tiles run queries along memory, the row kernel keys): a loop the compiler can
+// vectorize when the rule allows it.
+template <class F>
+void for_each_in_tile(const RuleTile& t, const F& f) {
+  if (t.query_step == 1 && t.key_step != 1) {
+    for (int64_t c = 0; c < t.columns; ++c) {
+      for (int64_t r = 0; r < t.rows; ++r) f(r, c, r + c * t.key_step);
+    }
+  } else {
+    for (int64_t r = 0; r < t.rows; ++r) {
+      for (int64_t c = 0; c < t.columns; ++c) f(r, c, r * t.query_step + c * t.key_step);
+    }
+  }
+}
+
 template <class ScoreMod>
 void modify_tile(const void* rule, const RuleTile& t, float* scores) {
   const ScoreMod& score_mod = *static_cast<const ScoreMod*>(rule);
-  for (int64_t r = 0; r < t.rows; ++r) {
-    for (int64_t c = 0; c < t.columns; ++c) {
-      float& s = scores[r * t.query_step + c * t.key_step];
-      s = score_mod(s, t.batch, t.head, t.first_query + r, t.first_key + c);
-    }
-  }
+  for_each_in_tile(t, [&](int64_t r, int64_t c, int64_t at) {
+    scores[at] = score_mod(scores[at], t.batch, t.head, t.first_query + r, t.first_key + c);
+  });
 }
 
 template <class ScoreMod>
 void modify_gradient_tile(const void* rule, const RuleTile& t, const float* scores, float* grad) {
   const ScoreMod& score_mod = *static_cast<const ScoreMod*>(rule);
-  for (int64_t r = 0; r < t.rows; ++r) {
-    for (int64_t c = 0; c < t.columns; ++c) {
-      const int64_t at = r * t.query_step + c * t.key_step;
-      const Dual<float> s = score_mod(Dual<float>{scores[at], 1.0f}, t.batch, t.head,
-                                      t.first_query + r, t.first_key + c);
-      grad[at] *= s.derivative;
-    }
-  }
+  for_each_in_tile(t, [&](int64_t r, int64_t c, int64_t at) {
+    const Dual<float> s = score_mod(Dual<float>{scores[at], 1.0f}, t.batch, t.head,
+                                    t.first_query + r, t.first_key + c);
+    grad[at] *= s.derivative;
+  });
 }
 
 template <class MaskMod>
 void mask_tile(const void* rule, const RuleTile& t, unsigned char* keep) {
   const MaskMod& mask_mod = *static_cast<const MaskMod*>(rule);
-  for (int64_t r = 0; r < t.rows; ++r) {
-    for (int64_t c = 0; c < t.columns; ++c) {
-      keep[r * t.query_step + c * t.key_step] = static_cast<unsigned char>(
-          mask_mod(t.batch, t.head, t.first_query + r, t.first_key + c) ? 1 : 0);
-    }
-  }
+  for_each_in_tile(t, [&](int64_t r, int64_t c, int64_t at) {
+    keep[at] = static_cast<unsigned char>(
+        mask_mod(t.batch, t.head, t.first_query + r, t.first_key + c) ? 1 : 0);
+  });
 }
 
 }  // namespace detail

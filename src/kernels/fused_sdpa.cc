@@ -134,27 +134,21 @@ HWY_EXPORT(FusedSdpaTiles);
 HWY_EXPORT(FusedLanes);
 HWY_EXPORT(PlanFused);
 
+// Entered through the kernel list (kernel_list.cpp), which applies the SIMD cap first.
+
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
-  apply_simd_cap_from_environment();
   const int64_t lanes = HWY_DYNAMIC_DISPATCH(FusedLanes)();
   if (2 * params.query_len <= lanes) return nullptr;
   return "more queries than half the SIMD lanes (a query tile fills better)";
 }
 
-void fused_sdpa_rows(const SdpaParams& params) {
-  apply_simd_cap_from_environment();
-  HWY_DYNAMIC_DISPATCH(FusedSdpaRows)(params);
-}
+void fused_sdpa_rows(const SdpaParams& params) { HWY_DYNAMIC_DISPATCH(FusedSdpaRows)(params); }
 
 const char* fused_sdpa_tiles_rejects(const SdpaParams&) { return nullptr; }
 
-void fused_sdpa_tiles(const SdpaParams& params) {
-  apply_simd_cap_from_environment();
-  HWY_DYNAMIC_DISPATCH(FusedSdpaTiles)(params);
-}
+void fused_sdpa_tiles(const SdpaParams& params) { HWY_DYNAMIC_DISPATCH(FusedSdpaTiles)(params); }
 
 FusedPlan fused_sdpa_plan(const SdpaParams& params, bool rows) {
-  apply_simd_cap_from_environment();
   return HWY_DYNAMIC_DISPATCH(PlanFused)(params, rows);
 }
 

@@ -76,6 +76,9 @@ struct RowWorkspace {
       heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * score_stride));
       scores = heap_scores_.get();
     }
+    positional = has_positional_rules(p) || p.prefix > 0;
+    plain = !has_score_mods(p) && p.bias == nullptr && !has_pairwise_rules(p);
+    fix_rows = FixesFullyExcludedRows(p);
     needs_keep = p.user_rules != nullptr && p.user_rules->mask != nullptr;
     if (needs_keep) {
       keep_storage = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(p.key_len));
@@ -91,6 +94,10 @@ struct RowWorkspace {
   // Lk bytes for a user mask rule's verdicts on one row (null without one).
   unsigned char* keep = nullptr;
   hwy::AlignedFreeUniquePtr<uint8_t[]> keep_storage;
+  // The call's rules, judged once per thread: whether rows may start after key 0 or end
+  // before the last (positional); scores need only scaling (plain); rows that see no key get
+  // the listing's fix-up (fix_rows).
+  bool positional = false, plain = true, fix_rows = false;
   RowWorkspace(const RowWorkspace&) = delete;
   RowWorkspace& operator=(const RowWorkspace&) = delete;
   bool ok() const {
@@ -305,18 +312,23 @@ class RowGroupAttention {
     // computed: the span starts at the group's first visible key, rounded down to whole
     // vectors (and whole dropout words of 4 keys). The sink joins the first chunk only.
     const bool first_chunk = span.begin == 0;
-    int64_t group_begin = span.begin + span.count;
-    for (int r = 0; r < G; ++r) {
-      group_begin = std::min(group_begin, visible_keys(p_, queries[r]).begin());
+    if (ws_.positional) {
+      for (int r = 0; r < G; ++r) visible_keys_[r] = visible_keys(p_, queries[r]);
+      if (p_.window_left >= 0) {  // only a window's left side starts rows after key 0
+        int64_t group_begin = span.begin + span.count;
+        for (int r = 0; r < G; ++r) group_begin = std::min(group_begin, visible_keys_[r].begin());
+        const int64_t skip =
+            std::clamp<int64_t>((group_begin - span.begin) / 16 * 16, 0, span.count);
+        span.begin += skip;
+        span.count -= skip;
+      }
+    } else {
+      for (int r = 0; r < G; ++r) visible_keys_[r] = VisibleKeys{0, 0, p_.key_len - 1};
     }
-    const int64_t skip = std::clamp<int64_t>((group_begin - span.begin) / 16 * 16, 0, span.count);
-    span.begin += skip;
-    span.count -= skip;
     int64_t group_key_end = 0;  // from here on, key indices count from span.begin
     for (int r = 0; r < G; ++r) {
       tile_[r] = tiles[r];
       row_[r] = queries[r];
-      visible_keys_[r] = visible_keys(p_, row_[r]);
       key_end_[r] = std::clamp<int64_t>(visible_keys_[r].end() - span.begin, 0, span.count);
       group_key_end = std::max(group_key_end, key_end_[r]);
       scores_[r] = ws_.scores + r * ws_.score_stride;
@@ -335,15 +347,29 @@ class RowGroupAttention {
     // alone. Without modifications or pairwise rules, positions are judged a vector at a
     // time: keys before the window (and past the prefix) get -inf as well.
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    const bool plain = !has_score_mods(p_) && p_.bias == nullptr && !has_pairwise_rules(p_);
+    const bool plain = ws_.plain;
     const hn::RebindToSigned<DF> di;
     VF max_v[G];
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
       float* scores = scores_[r];
       max_v[r] = neg_inf;
-      if (plain) {
-        const VisibleKeys& keys = visible_keys_[r];
+      const VisibleKeys& keys = visible_keys_[r];
+      if (plain && (keys.first <= span.begin || keys.prefix_end >= keys.first)) {
+        // Every key of the span before key_end is visible: only the tail lanes are not.
+        const VF factor_v = hn::Set(d, p_.scale * kLog2e);
+        for (int64_t j = 0; j < padded_end; j += kLanes) {
+          VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
+          if (j + kLanes > key_end_[r]) {
+            s = hn::IfThenElse(
+                hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(key_end_[r] - j, 0))), s,
+                neg_inf);
+          }
+          hn::Store(s, d, scores + j);
+          max_v[r] = hn::Max(max_v[r], s);
+        }
+        visible_[r] = key_end_[r] > 0;
+      } else if (plain) {
         const VF factor_v = hn::Set(d, p_.scale * kLog2e);
         // Lane l of vector j holds key span.begin + j + l: visible iff before key_end and
         // (in the prefix or from the window's first key on).
@@ -378,11 +404,14 @@ class RowGroupAttention {
     // 3. Probabilities 2^(s − m) and their sums (m = 0 when every score is -inf).
     // The head's sink (first chunk only) joins the maximum here and the sum below.
     VF sum_v[G], m_v[G];
+    const bool sinks = p_.sinks != nullptr && first_chunk;
     float sink_[G];
     for (int r = 0; r < G; ++r) {
-      sink_[r] = p_.sinks && first_chunk ? p_.sinks[head_of(p_, tile_[r]->batch)] * kLog2e
-                                         : -std::numeric_limits<float>::infinity();
-      row_max_[r] = std::max(hn::GetLane(hn::MaxOfLanes(d, max_v[r])), sink_[r]);
+      row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v[r]));
+      if (sinks) {
+        sink_[r] = p_.sinks[head_of(p_, tile_[r]->batch)] * kLog2e;
+        row_max_[r] = std::max(row_max_[r], sink_[r]);
+      }
       m_v[r] = hn::Set(d, std::isinf(row_max_[r]) && row_max_[r] < 0 ? 0.0f : row_max_[r]);
       sum_v[r] = hn::Zero(d);
     }
@@ -400,7 +429,7 @@ class RowGroupAttention {
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
       sum_[r] = hn::GetLane(hn::SumOfLanes(d, sum_v[r]));
-      if (p_.sinks && first_chunk) sum_[r] += std::exp2(sink_[r] - row_max_[r]);
+      if (sinks) sum_[r] += std::exp2(sink_[r] - row_max_[r]);
       out_factor_[r] = span.partial ? keep_scale : keep_scale / sum_[r];
       float* scores = scores_[r];
       if (tile.weights) {
@@ -475,7 +504,7 @@ class RowGroupAttention {
     }
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
-      const bool excluded_row = !visible_[r] && FixesFullyExcludedRows(p_);
+      const bool excluded_row = !visible_[r] && ws_.fix_rows;
       if (tile.logsumexp) {
         tile.logsumexp[row_[r] * p_.logsumexp_strides.row] =
             excluded_row ? FullyExcludedLogSumExp(p_) : LogSumExp(row_max_[r], sum_[r]);
