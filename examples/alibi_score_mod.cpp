@@ -23,8 +23,8 @@ int main() {
 
   // 1. The rule, generic in the score's type (attend::Dual for the backward's derivative).
   const std::vector<float> slopes = attend::default_alibi_slopes(heads);
-  const int64_t offset = 0;  // Lk − Lq
-  const auto alibi = [&](auto score, int64_t /*b*/, int64_t h, int64_t q_index, int64_t kv) {
+  const int32_t offset = 0;  // Lk − Lq
+  const auto alibi = [&](auto score, int32_t /*b*/, int32_t h, int32_t q_index, int32_t kv) {
     return score + slopes[static_cast<size_t>(h)] * static_cast<float>(kv - (q_index + offset));
   };
 

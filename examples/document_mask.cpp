@@ -29,7 +29,7 @@ int main() {
   const attend::TensorView query(q.data(), shape), key(k.data(), shape), value(v.data(), shape);
 
   // 1. The rule.
-  const auto same_document = [&](int64_t /*b*/, int64_t /*h*/, int64_t q_index, int64_t kv) {
+  const auto same_document = [&](int32_t /*b*/, int32_t /*h*/, int32_t q_index, int32_t kv) {
     return document[static_cast<size_t>(q_index)] == document[static_cast<size_t>(kv)];
   };
 

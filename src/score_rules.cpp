@@ -2,6 +2,7 @@
 // error names the argument) and their part of SdpaParams.
 #include "score_rules.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -164,6 +165,15 @@ void validate_score_rules(const AttentionOptions& options, const Shape& scores_s
   }
   if (options.user_rules && !options.user_rules->modify && !options.user_rules->mask) {
     throw Error("user_rules holds neither a score_mod nor a mask_mod (use make_score_rules)");
+  }
+  if (options.user_rules) {
+    int64_t batch = 1;
+    for (int d = 0; d + 2 < scores_shape.rank(); ++d) batch *= scores_shape[d];
+    const int64_t largest = std::max({batch, Lq, Lk});
+    if (largest > std::numeric_limits<int32_t>::max()) {
+      throw Error("user_rules take int32 indices: batch, Lq and Lk must be below 2^31, got " +
+                  std::to_string(largest));
+    }
   }
 }
 

@@ -100,7 +100,7 @@ TEST(UserRules, AlibiAsScoreModIsTheBuiltInBitForBit) {
       const Inputs in(shape);
       const int64_t offset =
           alignment == CausalAlignment::kBottomRight ? shape.key_len - shape.query_len : 0;
-      const auto alibi = [&](auto score, int64_t, int64_t h, int64_t q, int64_t kv) {
+      const auto alibi = [&](auto score, int32_t, int32_t h, int32_t q, int32_t kv) {
         return score + slopes[static_cast<size_t>(h)] * static_cast<float>(kv - (q + offset));
       };
       AttentionOptions built_in;
@@ -131,7 +131,7 @@ TEST(UserRules, DocumentsAsMaskModAreTheBuiltInBitForBit) {
     for (int64_t i = 0; i < shape.query_len; ++i) {
       query_ids.data_as<int32_t>()[i] = static_cast<int32_t>((i + offset) / 40);
     }
-    const auto same_document = [&](int64_t, int64_t, int64_t q, int64_t kv) {
+    const auto same_document = [&](int32_t, int32_t, int32_t q, int32_t kv) {
       return (q + offset) / 40 == kv / 40;
     };
     AttentionOptions built_in;
@@ -162,10 +162,10 @@ double max_difference(const Tensor& a, const Tensor& b) {
 // A softcap written by the user (its gradient through attend::Dual and attend::tanh), a
 // window and a mask rule at once: the fused kernels against the float64 reference.
 TEST(UserRules, UserSoftcapAndMaskMatchTheReference) {
-  const auto softcap = [](auto score, int64_t, int64_t, int64_t, int64_t) {
+  const auto softcap = [](auto score, int32_t, int32_t, int32_t, int32_t) {
     return 3.0f * attend::tanh(score / 3.0f);
   };
-  const auto checkerboard = [](int64_t b, int64_t h, int64_t q, int64_t kv) {
+  const auto checkerboard = [](int32_t b, int32_t h, int32_t q, int32_t kv) {
     return (q + kv + b + h) % 3 != 0;
   };
   for (const Shape4& shape : kShapes) {
@@ -193,7 +193,7 @@ TEST(UserRules, UserSoftcapAndMaskMatchTheReference) {
 // Every built-in rule and a user rule at once: the bits do not depend on the thread count.
 TEST(UserRules, ResultsDoNotDependOnTheThreadCount) {
   const std::vector<float> slopes = default_alibi_slopes(4);
-  const auto alibi = [&](auto score, int64_t, int64_t h, int64_t q, int64_t kv) {
+  const auto alibi = [&](auto score, int32_t, int32_t h, int32_t q, int32_t kv) {
     return score + slopes[static_cast<size_t>(h)] * static_cast<float>(kv - q);
   };
   Tensor sinks = random_tensor(Shape({4}), 9);

@@ -1,10 +1,10 @@
 // attend/score_mod.hpp: attention variants written by the user (FlexAttention's score_mod and
 // mask_mod), run inside the fused forward and backward.
 //
-//   auto alibi = [&](auto score, int64_t b, int64_t h, int64_t q, int64_t kv) {
+//   auto alibi = [&](auto score, int32_t b, int32_t h, int32_t q, int32_t kv) {
 //     return score + slopes[h] * static_cast<float>(kv - q);
 //   };
-//   auto same_document = [&](int64_t b, int64_t h, int64_t q, int64_t kv) {
+//   auto same_document = [&](int32_t b, int32_t h, int32_t q, int32_t kv) {
 //     return documents[q] == documents[kv];
 //   };
 //   options.user_rules = attend::make_score_rules(alibi, same_document);
@@ -13,7 +13,9 @@
 // after scale, softcap, bias and ALiBi, in natural units); mask_mod(b, h, q, kv) returns
 // whether key kv takes part in query q's softmax (step 6). b is the batch index over the
 // batch dimensions before the last, h the index in the last one (the head); q and kv are the
-// query and key indices. Either may be attend::kNoScoreMod / attend::kNoMaskMod.
+// query and key indices, all int32_t (int32 arithmetic and its conversion to float vectorize
+// on every x86-64 level; calls with user rules must have batch, Lq and Lk below 2^31). Either
+// rule may be attend::kNoScoreMod / attend::kNoMaskMod.
 //
 // Contract:
 // - Pure and deterministic: the same arguments give the same result, whichever thread asks
@@ -137,18 +139,22 @@ inline constexpr NoMaskMod kNoMaskMod{};
 
 namespace detail {
 
-// Calls f(r, c, offset) for every element of the tile, the step-1 dimension innermost (the
-// kernels' query tiles run queries along memory, the row kernel keys): a loop the compiler can
-// vectorize when the rule allows it.
+// Calls f(q, kv, element) for every element of the tile (q, kv: the query and key indices,
+// int32), the step-1 dimension innermost (the kernels' query tiles run queries along memory,
+// the row kernel keys): a loop the compiler can vectorize when the rule allows it.
 template <class F>
 void for_each_in_tile(const RuleTile& t, const F& f) {
+  const auto q0 = static_cast<int32_t>(t.first_query), k0 = static_cast<int32_t>(t.first_key);
+  const auto rows = static_cast<int32_t>(t.rows), columns = static_cast<int32_t>(t.columns);
   if (t.query_step == 1 && t.key_step != 1) {
-    for (int64_t c = 0; c < t.columns; ++c) {
-      for (int64_t r = 0; r < t.rows; ++r) f(r, c, r + c * t.key_step);
+    for (int32_t c = 0; c < columns; ++c) {
+      const int64_t column = c * t.key_step;
+      for (int32_t r = 0; r < rows; ++r) f(q0 + r, k0 + c, column + r);
     }
   } else {
-    for (int64_t r = 0; r < t.rows; ++r) {
-      for (int64_t c = 0; c < t.columns; ++c) f(r, c, r * t.query_step + c * t.key_step);
+    for (int32_t r = 0; r < rows; ++r) {
+      const int64_t row = r * t.query_step;
+      for (int32_t c = 0; c < columns; ++c) f(q0 + r, k0 + c, row + c * t.key_step);
     }
   }
 }
@@ -156,27 +162,27 @@ void for_each_in_tile(const RuleTile& t, const F& f) {
 template <class ScoreMod>
 void modify_tile(const void* rule, const RuleTile& t, float* scores) {
   const ScoreMod& score_mod = *static_cast<const ScoreMod*>(rule);
-  for_each_in_tile(t, [&](int64_t r, int64_t c, int64_t at) {
-    scores[at] = score_mod(scores[at], t.batch, t.head, t.first_query + r, t.first_key + c);
+  const auto b = static_cast<int32_t>(t.batch), h = static_cast<int32_t>(t.head);
+  for_each_in_tile(t, [&](int32_t q, int32_t kv, int64_t at) {
+    scores[at] = score_mod(scores[at], b, h, q, kv);
   });
 }
 
 template <class ScoreMod>
 void modify_gradient_tile(const void* rule, const RuleTile& t, const float* scores, float* grad) {
   const ScoreMod& score_mod = *static_cast<const ScoreMod*>(rule);
-  for_each_in_tile(t, [&](int64_t r, int64_t c, int64_t at) {
-    const Dual<float> s = score_mod(Dual<float>{scores[at], 1.0f}, t.batch, t.head,
-                                    t.first_query + r, t.first_key + c);
-    grad[at] *= s.derivative;
+  const auto b = static_cast<int32_t>(t.batch), h = static_cast<int32_t>(t.head);
+  for_each_in_tile(t, [&](int32_t q, int32_t kv, int64_t at) {
+    grad[at] *= score_mod(Dual<float>{scores[at], 1.0f}, b, h, q, kv).derivative;
   });
 }
 
 template <class MaskMod>
 void mask_tile(const void* rule, const RuleTile& t, unsigned char* keep) {
   const MaskMod& mask_mod = *static_cast<const MaskMod*>(rule);
-  for_each_in_tile(t, [&](int64_t r, int64_t c, int64_t at) {
-    keep[at] = static_cast<unsigned char>(
-        mask_mod(t.batch, t.head, t.first_query + r, t.first_key + c) ? 1 : 0);
+  const auto b = static_cast<int32_t>(t.batch), h = static_cast<int32_t>(t.head);
+  for_each_in_tile(t, [&](int32_t q, int32_t kv, int64_t at) {
+    keep[at] = static_cast<unsigned char>(mask_mod(b, h, q, kv) ? 1 : 0);
   });
 }
 

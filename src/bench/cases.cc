@@ -313,9 +313,9 @@ TensorView over_heads(const Tensor& t, int64_t heads) {
 // ALiBi as a user would write it (attend/score_mod.hpp): the built-in rule's formula.
 struct AlibiMod {
   const float* slopes;
-  int64_t offset;  // Lk − Lq
+  int32_t offset;  // Lk − Lq
   template <class Score>
-  Score operator()(Score score, int64_t, int64_t h, int64_t q, int64_t kv) const {
+  Score operator()(Score score, int32_t, int32_t h, int32_t q, int32_t kv) const {
     return score + slopes[h] * static_cast<float>(kv - (q + offset));
   }
 };
@@ -363,7 +363,7 @@ void set_rules(const AttentionShape& s, RuleInputs& r) {
   if (s.rules.softcap > 0) o.softcap = s.rules.softcap;
   if (s.rules.user_alibi) {
     r.slopes = default_alibi_slopes(s.heads);
-    r.alibi = AlibiMod{r.slopes.data(), s.key_len - s.query_len};
+    r.alibi = AlibiMod{r.slopes.data(), static_cast<int32_t>(s.key_len - s.query_len)};
     o.user_rules = make_score_rules(r.alibi);
   }
 }
