@@ -319,7 +319,14 @@ class BackwardItem {
     int64_t q_begin = 0;
     if (p_.causal && p_.prefix == 0) q_begin = std::max<int64_t>(0, k0 - p_.diagonal_offset);
     q_begin = q_begin / ws_.tq * ws_.tq;
-    for (int64_t q0 = q_begin; q0 < p_.query_len; q0 += ws_.tq) QueryTile(k0, keys, q0);
+    for (int64_t q0 = q_begin; q0 < p_.query_len; q0 += ws_.tq) {
+      // A window's first visible key never decreases with the query: once past this key
+      // tile, so are all later query tiles (unless a prefix keeps the first keys visible).
+      if (p_.window_left >= 0 && k0 >= p_.prefix && visible_keys(p_, q0).first >= k0 + keys) {
+        break;
+      }
+      QueryTile(k0, keys, q0);
+    }
     if (ws_.dead_count > 0) DeadRowsValues(k0, keys);
 
     float* dk = bp_.grad_key + p_.batch_offset(bp_.grad_key_strides, b_);
