@@ -91,7 +91,7 @@ inline bool is_visible(const SdpaParams& p, int64_t b, int64_t i, int64_t j) {
 
 // Rows with no visible key get the listing's uniform weights (or kZero's zeros) by a fix-up
 // after the softmax; with a sink their weights come out 0 by themselves (exp(-1e9 − sink)).
-inline bool FixesFullyExcludedRows(const SdpaParams& p) {
+inline bool fixes_fully_excluded_rows(const SdpaParams& p) {
   return may_exclude(p) && p.sinks == nullptr;
 }
 
@@ -115,9 +115,10 @@ inline bool has_score_mods(const SdpaParams& p) {
          (p.user_rules != nullptr && p.user_rules->modify != nullptr);
 }
 
-// Steps 2-5 on the scaled score s of (b, i, j), in double (the reference's precision; the
-// user's rule sees a float).
-inline double modified_score(const SdpaParams& p, int64_t b, int64_t i, int64_t j, double s) {
+// Steps 2-4 (softcap, bias, ALiBi) on the scaled score s of (b, i, j), in double (the
+// reference's precision).
+inline double builtin_modified_score(const SdpaParams& p, int64_t b, int64_t i, int64_t j,
+                                     double s) {
   if (p.softcap > 0) s = softcapped(s, static_cast<double>(p.softcap));
   if (p.bias) {
     s += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
@@ -127,12 +128,29 @@ inline double modified_score(const SdpaParams& p, int64_t b, int64_t i, int64_t 
     s += static_cast<double>(p.alibi_slopes[head_of(p, b)]) *
          static_cast<double>(j - (i + p.diagonal_offset));
   }
-  if (p.user_rules && p.user_rules->modify) {
-    const UserScoreRules& u = *p.user_rules;
-    auto value = static_cast<float>(s);
-    u.modify(u.score_mod, RuleTile{b / p.heads, head_of(p, b), i, j, 1, 1, 0, 0}, &value);
-    s = value;
+  return s;
+}
+
+// The user rule (step 5) on one score: its value, and its derivative when `derivative` is not
+// null. The user's rule sees a float.
+inline double user_modified_score(const SdpaParams& p, int64_t b, int64_t i, int64_t j, double s,
+                                  double* derivative) {
+  const UserScoreRules& u = *p.user_rules;
+  const RuleTile one{b / p.heads, head_of(p, b), i, j, 1, 1, 0, 0};
+  auto value = static_cast<float>(s);
+  if (derivative) {
+    float grad = 1.0f;
+    u.modify_gradient(u.score_mod, one, &value, &grad);
+    *derivative = grad;
   }
+  u.modify(u.score_mod, one, &value);
+  return value;
+}
+
+// Steps 2-5 on the scaled score s of (b, i, j), in double.
+inline double modified_score(const SdpaParams& p, int64_t b, int64_t i, int64_t j, double s) {
+  s = builtin_modified_score(p, b, i, j, s);
+  if (p.user_rules && p.user_rules->modify) s = user_modified_score(p, b, i, j, s, nullptr);
   return s;
 }
 
@@ -150,22 +168,7 @@ inline ScoreDerivatives modified_score_derivatives(const SdpaParams& p, int64_t 
     d.softcap = 1.0 - t * t;
   }
   if (p.user_rules && p.user_rules->modify) {
-    const UserScoreRules& u = *p.user_rules;
-    // The score the user rule saw: steps 2-4.
-    double before = p.softcap > 0 ? softcapped(s, static_cast<double>(p.softcap)) : s;
-    if (p.bias) {
-      before += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
-                       j * p.bias_strides.column];
-    }
-    if (p.alibi_slopes) {
-      before += static_cast<double>(p.alibi_slopes[head_of(p, b)]) *
-                static_cast<double>(j - (i + p.diagonal_offset));
-    }
-    const auto seen = static_cast<float>(before);
-    float grad = 1.0f;
-    u.modify_gradient(u.score_mod, RuleTile{b / p.heads, head_of(p, b), i, j, 1, 1, 0, 0}, &seen,
-                      &grad);
-    d.user = grad;
+    (void)user_modified_score(p, b, i, j, builtin_modified_score(p, b, i, j, s), &d.user);
   }
   return d;
 }

@@ -73,7 +73,7 @@ void MergeRow(const SdpaParams& p, const PartialRows* chunks, int64_t count, int
   }
   const float inv_sum = 1.0f / sum;
   for (int64_t col = 0; col < p.value_dim; ++col) dest[col] *= inv_sum;
-  const bool excluded_row = !visible && FixesFullyExcludedRows(p);
+  const bool excluded_row = !visible && fixes_fully_excluded_rows(p);
   if (tile.logsumexp) {
     tile.logsumexp[query * p.logsumexp_strides.row] =
         excluded_row ? FullyExcludedLogSumExp(p) : LogSumExp(max, sum);

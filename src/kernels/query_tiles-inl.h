@@ -204,7 +204,7 @@ class TileAttention {
     }
     FinishOutput(tile.rows, tile.output + tile.first_query * p_.output_strides.row,
                  p_.output_strides.row, keep_scale, true);
-    const bool fix_rows = FixesFullyExcludedRows(p_);
+    const bool fix_rows = fixes_fully_excluded_rows(p_);
     if (tile.logsumexp) {
       for (int64_t r = 0; r < tile.rows; ++r) {
         tile.logsumexp[(tile.first_query + r) * p_.logsumexp_strides.row] =

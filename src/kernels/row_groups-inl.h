@@ -78,7 +78,7 @@ struct RowWorkspace {
     }
     positional = has_positional_rules(p) || p.prefix > 0;
     plain = !has_score_mods(p) && p.bias == nullptr && !has_pairwise_rules(p);
-    fix_rows = FixesFullyExcludedRows(p);
+    fix_rows = fixes_fully_excluded_rows(p);
     needs_keep = p.user_rules != nullptr && p.user_rules->mask != nullptr;
     if (needs_keep) {
       keep_storage = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(p.key_len));
