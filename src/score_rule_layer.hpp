@@ -89,6 +89,31 @@ inline bool is_visible(const SdpaParams& p, int64_t b, int64_t i, int64_t j) {
   return true;
 }
 
+// Whether some key is_visible() to row i of batch index b: is_visible over the row's
+// positional range with the operands' row pointers found once (the backward asks this of
+// every row). `keep`: Lk bytes of scratch when a user mask rule exists.
+inline bool row_has_visible_key(const SdpaParams& p, int64_t b, int64_t i, unsigned char* keep) {
+  const VisibleKeys keys = visible_keys(p, i);
+  if (!has_pairwise_rules(p)) return keys.begin() < keys.end();
+  const int32_t* segments =
+      p.segment_query ? p.segment_key + p.batch_offset(p.segment_key_strides, b) : nullptr;
+  const int32_t segment = p.segment_query ? query_segment(p, b, i) : 0;
+  const uint8_t* mask =
+      p.mask ? p.mask + p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row : nullptr;
+  const UserScoreRules* u = p.user_rules && p.user_rules->mask ? p.user_rules : nullptr;
+  if (u) {
+    u->mask(u->mask_mod, RuleTile{b / p.heads, head_of(p, b), i, 0, 1, p.key_len, 0, 1}, keep);
+  }
+  for (int64_t j = keys.begin(); j < keys.end(); ++j) {
+    if (!keys.contains(j)) continue;
+    if (segments && segments[j * p.segment_key_strides.row] != segment) continue;
+    if (mask && mask[j * p.mask_strides.column] == 0) continue;
+    if (u && keep[j] == 0) continue;
+    return true;
+  }
+  return false;
+}
+
 // Rows with no visible key get the listing's uniform weights (or kZero's zeros) by a fix-up
 // after the softmax; with a sink their weights come out 0 by themselves (exp(-1e9 − sink)).
 inline bool fixes_fully_excluded_rows(const SdpaParams& p) {

@@ -172,9 +172,10 @@ struct BackwardWorkspace {
   // With score modifications: the scores after softcap and before the user rule, for their
   // derivatives ([Tk][Tq] each).
   hwy::AlignedFreeUniquePtr<float[]> after_softcap, before_user;
-  RowRules row_rules;                      // the query tile's rows' visible keys and documents
-  KeepTile pair_keep;                      // [Tk][Tq] the mask's and user mask's verdicts
-  uint8_t visible[kMaxQueryVectors * 16];  // ApplyExclusions' record, unused here
+  RowRules row_rules;  // the query tile's rows' visible keys and documents
+  hwy::AlignedFreeUniquePtr<uint8_t[]> row_keep;  // [Lk] a user mask's verdicts on one row
+  KeepTile pair_keep;                             // [Tk][Tq] the mask's and user mask's verdicts
+  uint8_t visible[kMaxQueryVectors * 16];         // ApplyExclusions' record, unused here
   // Rows with every key excluded (kUniform): [dead_count] of [Lq] (no std::vector: nothing
   // in an OpenMP region may throw).
   hwy::AlignedFreeUniquePtr<int64_t[]> dead_rows;
@@ -205,11 +206,12 @@ struct BackwardWorkspace {
         hwy::AllocateAligned<float>(n(p.user_rules && p.user_rules->modify ? kKeyTile * tq : 1));
     row_rules.Allocate(tq);
     if (has_pairwise_rules(p)) pair_keep.Allocate(kKeyTile, tq);
+    row_keep = hwy::AllocateAligned<uint8_t>(n(p.user_rules ? p.key_len : 1));
   }
   bool ok() const {
     return query_t && dout_t && query && dout && lse2 && delta && dq && key && dk && dv && prob_t &&
            grad_t && keep && dead_rows && after_softcap && before_user && row_rules.ok() &&
-           pair_keep.ok();
+           row_keep && pair_keep.ok();
   }
 };
 
@@ -294,14 +296,8 @@ class BackwardItem {
     }
   }
 
-  // Whether some key is_visible() to row i (by position alone when no pairwise rule exists).
   bool RowHasVisibleKey(int64_t i) const {
-    const VisibleKeys keys = visible_keys(p_, i);
-    if (!has_pairwise_rules(p_)) return keys.begin() < keys.end();
-    for (int64_t j = keys.begin(); j < keys.end(); ++j) {
-      if (is_visible(p_, b_, i, j)) return true;
-    }
-    return false;
+    return row_has_visible_key(p_, b_, i, ws_.row_keep.get());
   }
 
   void KeyTile(int64_t k0, int64_t keys) {
