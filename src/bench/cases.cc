@@ -225,7 +225,7 @@ const std::vector<BenchCase>& bench_cases() {
        .target = {TargetKind::kNone, 0},
        .summary = "causal sliding window of 512 keys over 16384 (Mistral's rule)"},
       {.name = "window-mask",
-       .shape = {1, 16, 16384, 16384, 64, false, false, {.window_left = 512, .as_mask = true}},
+       .shape = {1, 16, 16384, 16384, 64, true, false, {.window_left = 512, .as_mask = true}},
        .target = {TargetKind::kNone, 0},
        .summary = "window's rule as a dense (16384, 16384) bool mask"},
       {.name = "window-dense",
