@@ -170,8 +170,17 @@ class TileAttention {
     // One pass: online softmax with output accumulation. With weights, each key tile's
     // probabilities 2^(s − m_t) are written as they are and rescaled once the final m and
     // l are known, while the tile's rows are still in cache.
+    // Keys before the first row's first visible key (a sliding window's far past; first
+    // never decreases with the row) are skipped too: the key tiles start there, rounded down
+    // to 16 keys (whole vectors and dropout words), not at a multiple of the key tile.
+    int64_t key_begin = span.begin;
+    if (p_.window_left >= 0 && p_.prefix == 0) {
+      key_begin = std::clamp<int64_t>(visible_keys(p_, tile.first_query).first / 16 * 16,
+                                      span.begin, std::max(span.begin, key_end));
+      if (tile.weights) ZeroWeights(tile, span.begin, key_begin);
+    }
     int64_t visited = 0;
-    for (int64_t k0 = span.begin; k0 < key_end; k0 += kKeyTile) {
+    for (int64_t k0 = key_begin; k0 < key_end; k0 += kKeyTile) {
       const int64_t keys = std::min(kKeyTile, key_end - k0);
       const TileVerdict verdict = ws_.row_rules.Classify(p_, tile.batch, k0, keys);
       if (verdict == TileVerdict::kEmpty ||
