@@ -104,7 +104,8 @@ inline bool row_has_visible_key(const SdpaParams& p, int64_t b, int64_t i, unsig
   if (u) {
     u->mask(u->mask_mod, RuleTile{b / p.heads, head_of(p, b), i, 0, 1, p.key_len, 0, 1}, keep);
   }
-  for (int64_t j = keys.begin(); j < keys.end(); ++j) {
+  // From the last key down: a query's own position (the diagonal) is usually visible.
+  for (int64_t j = keys.end() - 1; j >= keys.begin(); --j) {
     if (!keys.contains(j)) continue;
     if (segments && segments[j * p.segment_key_strides.row] != segment) continue;
     if (mask && mask[j * p.mask_strides.column] == 0) continue;

@@ -48,13 +48,16 @@ struct RowRules {
   // Rows [q0, q0 + rows) of batch index b; lanes past the last row repeat it.
   void Load(const SdpaParams& p, int64_t b, int64_t q0, int64_t row_count, int64_t tq) {
     rows = row_count;
+    // The batch index's query segment ids, found once (query_segment per row divides).
+    const int32_t* segments =
+        p.segment_query ? p.segment_query + p.batch_offset(p.segment_query_strides, b) : nullptr;
     for (int64_t r = 0; r < tq; ++r) {
       const int64_t i = q0 + std::min(r, rows - 1);
       const VisibleKeys keys = visible_keys(p, i);
       prefix_end = keys.prefix_end;
       first[r] = static_cast<int32_t>(std::clamp<int64_t>(keys.first, -1, p.key_len));
       last[r] = static_cast<int32_t>(std::clamp<int64_t>(keys.last, -1, p.key_len));
-      segment[r] = p.segment_query ? query_segment(p, b, i) : 0;
+      segment[r] = segments ? segments[i * p.segment_query_strides.row] : 0;
     }
     min_segment = *std::min_element(segment.get(), segment.get() + rows);
     max_segment = *std::max_element(segment.get(), segment.get() + rows);
@@ -71,9 +74,11 @@ struct RowRules {
     }
     bool full = in_prefix || (first[rows - 1] <= k0 && k_last <= last[0]);
     if (p.segment_query) {
-      int32_t lo = key_segment(p, b, k0), hi = lo;
+      const int32_t* segments = p.segment_key + p.batch_offset(p.segment_key_strides, b);
+      const int64_t stride = p.segment_key_strides.row;
+      int32_t lo = segments[k0 * stride], hi = lo;
       for (int64_t j = k0 + 1; j <= k_last; ++j) {
-        const int32_t s = key_segment(p, b, j);
+        const int32_t s = segments[j * stride];
         lo = std::min(lo, s);
         hi = std::max(hi, s);
       }
@@ -220,12 +225,15 @@ inline void ApplyExclusions(const SdpaParams& p, int64_t b, const RowRules& rows
   hn::Vec<decltype(di)> seen[kMaxVectors];
   for (int64_t v = 0; v < vectors; ++v) seen[v] = hn::Zero(di);
   const MI all = hn::FirstN(di, static_cast<size_t>(kLanes));
+  const int32_t* key_segments =
+      p.segment_query ? p.segment_key + p.batch_offset(p.segment_key_strides, b) : nullptr;
   for (int64_t j = 0; j < keys; ++j) {
     const int64_t key = k0 + j;
     const bool in_prefix = key < rows_rules.prefix_end;
     const auto key_plus_one = hn::Set(di, static_cast<int32_t>(key + 1));
     const auto key_minus_one = hn::Set(di, static_cast<int32_t>(key - 1));
-    const auto key_segment_v = hn::Set(di, p.segment_query ? key_segment(p, b, key) : int32_t{0});
+    const auto key_segment_v =
+        hn::Set(di, key_segments ? key_segments[key * p.segment_key_strides.row] : int32_t{0});
     for (int64_t v = 0; v < vectors; ++v) {
       // visible_keys: first <= key <= last, or key < prefix_end.
       MI vis =
