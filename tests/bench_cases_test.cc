@@ -17,6 +17,7 @@
 #include "bench/measure.hpp"
 #include "bench/read_bandwidth.hpp"
 #include "cli_main.hpp"
+#include "test_support.hpp"
 
 namespace attend::bench {
 namespace {
@@ -187,6 +188,11 @@ TEST(BenchMeasure, FmaPeakReportsTheDispatchedTarget) {
   EXPECT_GE(peak.lanes, 1);
   EXPECT_THROW(measure_fma_peak(0), Error);
   EXPECT_THROW(measure_fma_peak(1, 0.0), Error);
+  // Capped, the probe's code (which names its own target) runs on the capped target: attend's
+  // dispatch follows its cap.
+  const std::string lowest = supported_simd_targets().back();
+  test::ScopedSimdCap cap(lowest);
+  EXPECT_EQ(measure_fma_peak(1, 0.005).target, lowest);
 }
 
 TEST(BenchMeasure, WriteProbeAndPeakRss) {

@@ -40,8 +40,8 @@
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
-#include "runtime_internal.hpp"
 #include "score_rule_layer.hpp"
+#include "simd_dispatch.hpp"
 
 // Exp2, kLog2e, DenormalsAreZero and ParallelItems, once per target.
 #include "kernels/kernel_common-inl.h"
@@ -1421,27 +1421,19 @@ HWY_EXPORT(FusedLanes);
 HWY_EXPORT(PlanFused);
 
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
-  apply_simd_cap_from_environment();
-  const int64_t lanes = HWY_DYNAMIC_DISPATCH(FusedLanes)();
+  const int64_t lanes = ATTEND_DISPATCH(FusedLanes)();
   if (2 * params.query_len <= lanes) return nullptr;
   return "more queries than half the SIMD lanes (a query tile fills better)";
 }
 
-void fused_sdpa_rows(const SdpaParams& params) {
-  apply_simd_cap_from_environment();
-  HWY_DYNAMIC_DISPATCH(FusedSdpaRows)(params);
-}
+void fused_sdpa_rows(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaRows)(params); }
 
 const char* fused_sdpa_tiles_rejects(const SdpaParams&) { return nullptr; }
 
-void fused_sdpa_tiles(const SdpaParams& params) {
-  apply_simd_cap_from_environment();
-  HWY_DYNAMIC_DISPATCH(FusedSdpaTiles)(params);
-}
+void fused_sdpa_tiles(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaTiles)(params); }
 
 FusedPlan fused_sdpa_plan(const SdpaParams& params, bool rows) {
-  apply_simd_cap_from_environment();
-  return HWY_DYNAMIC_DISPATCH(PlanFused)(params, rows);
+  return ATTEND_DISPATCH(PlanFused)(params, rows);
 }
 
 }  // namespace attend::detail
