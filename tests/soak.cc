@@ -606,8 +606,9 @@ int run(const Settings& settings) {
       std::printf("MISMATCH %s\n", counts.mismatches.back().c_str());
       std::fflush(stdout);
     }
-    if (settings.index >= 0)
+    if (settings.index >= 0) {
       std::printf("problem %lld: %s\n", static_cast<long long>(index), description.c_str());
+    }
   }
   std::printf(
       "attend_soak: %.1f min, seed %llu, targets %zu, %lld problems:\n"
