@@ -83,7 +83,7 @@ void register_all(int threads) {
       }
       continue;
     }
-    const bool report_bandwidth = c.target.kind == TargetKind::kMinGbps;
+    const bool report_bandwidth = c.memory_bound();
     if (!c.single_thread) {
       register_side_by_side(c.name, c.shape, c.need_weights, threads, report_bandwidth);
     }

@@ -79,7 +79,7 @@ void register_problem(const std::string& label, const AttentionShape& shape, boo
 void register_all(int threads) {
   for (const BenchCase& c : bench_cases()) {
     if (c.workload != Workload::kAttention) continue;
-    const bool report_bandwidth = c.target.kind == TargetKind::kMinGbps;
+    const bool report_bandwidth = c.memory_bound();
     if (!c.single_thread)
       register_problem(c.name, c.shape, c.need_weights, threads, report_bandwidth);
     register_problem(c.name, c.shape, c.need_weights, 1, report_bandwidth);

@@ -18,8 +18,8 @@
 #include <string>
 
 #include "attend/attend.hpp"
-#include "cli_common.hpp"
-#include "train_plot.hpp"
+#include "staged_text_file.hpp"
+#include "training_curves.hpp"
 
 int main(int argc, char** argv) {
   try {
@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
     std::cout << "New random sequences (not from the training stream):\n";
     attend::examples::print_reversal_examples(model, 4, std::cout);
 
-    attend::cli::StagedTextFile("svg", svg_path,
-                                attend::cli::training_curves_svg(settings, history))
+    attend::support::StagedTextFile("svg", svg_path,
+                                    attend::examples::training_curves_svg(settings, history))
         .commit();
     std::printf("Wrote %s\n", svg_path.c_str());
     return history.solved_at_step > 0 ? 0 : 1;

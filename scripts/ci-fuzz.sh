@@ -11,11 +11,13 @@ scripts/install-deps.sh clang libclang-rt-14-dev libomp-14-dev
 seconds=${FUZZ_SECONDS:-60}
 targets=(npy safetensors cli)
 
+start=$SECONDS
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
   -DATTEND_BUILD_FUZZERS=ON -DATTEND_BUILD_TESTS=OFF -DATTEND_BUILD_BENCH=OFF \
   -DATTEND_BUILD_EXAMPLES=OFF >/dev/null
 cmake --build build-fuzz --target "${targets[@]/%/_fuzzer}"
+echo "fuzz: built in $((SECONDS - start)) s"
 
 # libFuzzer adds what it finds to the first corpus directory: a scratch copy, so the committed
 # seeds stay as they are.

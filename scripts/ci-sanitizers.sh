@@ -9,10 +9,13 @@ lean=(-G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g"
       -DATTEND_BUILD_BENCH=OFF -DATTEND_BUILD_EXAMPLES=OFF)
 
 # 1. ASan + UBSan, the whole suite.
+start=$SECONDS
 sanitizers="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 cmake -S . -B build-asan "${lean[@]}" "-DCMAKE_CXX_FLAGS=$sanitizers" \
   "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" >/dev/null
 cmake --build build-asan
+echo "sanitizers: ASan build $((SECONDS - start)) s"
+start=$SECONDS
 # allocator_may_return_null: an impossible allocation returns null, as malloc does, and the
 # library must turn that into attend::Error (tests/hardening_test.cc) instead of ASan aborting.
 # Leaks: none reported, libgomp's thread pool included (its threads' stacks keep it
@@ -20,6 +23,8 @@ cmake --build build-asan
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1:check_initialization_order=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan -j2 --output-on-failure
+echo "sanitizers: ASan tests $((SECONDS - start)) s"
+start=$SECONDS
 
 # 2. TSan, the concurrency test only: many std::threads in the library at once. Each call
 #    runs single-threaded inside (num_threads = 1) because libgomp is not TSan-instrumented.
@@ -27,3 +32,4 @@ cmake -S . -B build-tsan "${lean[@]}" -DATTEND_BUILD_TOOLS=OFF "-DCMAKE_CXX_FLAG
   "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" >/dev/null
 cmake --build build-tsan --target concurrency_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/concurrency_test
+echo "sanitizers: TSan build and test $((SECONDS - start)) s"

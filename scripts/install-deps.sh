@@ -6,8 +6,11 @@ packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmar
           libcli11-dev nlohmann-json3-dev)
 packages+=("$@")
 missing=()
+# A name without an architecture is ambiguous to dpkg once the arm64 one is installed too
+# (scripts/ci-arm.sh): then ask for the native one.
+native=$(dpkg --print-architecture)
 for p in "${packages[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  dpkg -s "$p" >/dev/null 2>&1 || dpkg -s "$p:$native" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""

@@ -1,17 +1,17 @@
-// runtime.cpp: version, compiled and supported SIMD targets, the dispatch cap.
+// runtime.cpp: version, compiled and supported SIMD targets, attend's dispatch cap.
 #include "attend/runtime.hpp"
 
 #include <hwy/targets.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
-#include <mutex>
 
 #include "attend/error.hpp"
 #include "quote.hpp"
-#include "runtime_internal.hpp"
+#include "simd_dispatch.hpp"
 
 namespace attend {
 namespace {
@@ -21,7 +21,7 @@ std::string upper(std::string s) {
   return s;
 }
 
-// Compiled targets (HWY_TARGETS of the library's kernels), best first: on x86 a lower bit is a
+// Compiled targets (HWY_TARGETS of the library's kernels), best first: a lower bit is a
 // better target.
 std::vector<int64_t> compiled_target_bits() {
   std::vector<int64_t> bits;
@@ -31,24 +31,44 @@ std::vector<int64_t> compiled_target_bits() {
   return bits;
 }
 
-void apply_cap(const std::string& name) {
-  if (name.empty()) {
-    hwy::DisableTargets(0);
-    return;
-  }
+// The targets above the one called `name` ("" caps nothing). Throws attend::Error for a name
+// that is not compiled in.
+int64_t targets_above(const std::string& name) {
+  if (name.empty()) return 0;
   const std::string wanted = upper(name);
-  int64_t disabled = 0;
+  int64_t above = 0;
   for (int64_t bit : compiled_target_bits()) {
-    if (wanted == hwy::TargetName(bit)) {
-      hwy::DisableTargets(disabled);
-      return;
-    }
-    disabled |= bit;
+    if (wanted == hwy::TargetName(bit)) return above;
+    above |= bit;
   }
   std::string known;
   for (const auto& n : compiled_simd_targets()) known += (known.empty() ? "" : ", ") + n;
   throw Error("SIMD target " + detail::quote_for_message(name) +
               " is not compiled in (compiled: " + known + ")");
+}
+
+// What the CPU supports (read once) and attend's current choice among it. Nothing here
+// touches Highway's process-wide choice, which other users of Highway in the program keep.
+struct DispatchState {
+  int64_t supported = 0;
+  std::atomic<int64_t> allowed{0};  // supported, without the targets above the cap
+
+  DispatchState() {
+    supported = hwy::SupportedTargets();
+    // Highway 1.0.3's SupportedTargets() also sets its process-wide choice to every detected
+    // target, ignoring hwy::DisableTargets: reset it, so that the next HWY_DYNAMIC_DISPATCH
+    // elsewhere in the program chooses again as it would have.
+    hwy::GetChosenTarget().DeInit();
+    const char* cap = std::getenv("ATTEND_MAX_SIMD");
+    allowed = supported & ~targets_above(cap != nullptr ? cap : "");
+  }
+};
+
+// Built on first use; when ATTEND_MAX_SIMD is bad, the constructor throws and every later
+// use throws again.
+DispatchState& dispatch_state() {
+  static DispatchState state;
+  return state;
 }
 
 }  // namespace
@@ -62,14 +82,10 @@ std::vector<std::string> compiled_simd_targets() {
 }
 
 std::vector<std::string> supported_simd_targets() {
-  detail::apply_simd_cap_from_environment();
+  const int64_t allowed = detail::dispatch_targets();
   std::vector<std::string> names;
-  const int64_t supported = hwy::SupportedTargets();
-  // Highway 1.0.3's SupportedTargets() leaves the dispatch choice initialized to the
-  // uncapped targets: re-apply the cap, or every later HWY_DYNAMIC_DISPATCH ignores it.
-  hwy::GetChosenTarget().Update(supported);
   for (int64_t bit : compiled_target_bits()) {
-    if (supported & bit) names.emplace_back(hwy::TargetName(bit));
+    if (allowed & bit) names.emplace_back(hwy::TargetName(bit));
   }
   return names;
 }
@@ -80,21 +96,14 @@ std::string active_simd_target() {
 }
 
 void set_max_simd_target(const std::string& name) {
-  detail::apply_simd_cap_from_environment();  // so that a later call cannot undo this one
-  apply_cap(name);
+  DispatchState& state = dispatch_state();
+  state.allowed = state.supported & ~targets_above(name);
 }
 
 int default_num_threads() { return std::max(1, omp_get_max_threads()); }
 
 namespace detail {
-void apply_simd_cap_from_environment() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (const char* cap = std::getenv("ATTEND_MAX_SIMD"); cap != nullptr && *cap != '\0') {
-      apply_cap(cap);
-    }
-  });
-}
+int64_t dispatch_targets() { return dispatch_state().allowed.load(std::memory_order_relaxed); }
 }  // namespace detail
 
 }  // namespace attend

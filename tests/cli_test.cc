@@ -65,7 +65,11 @@ class AttendCli : public ::testing::Test {
 
   // Runs the attend binary with `arguments` in the test directory.
   RunResult run(const std::vector<std::string>& arguments) const {
+#ifdef ATTEND_CLI_EMULATOR  // a cross build: the binary runs under the emulator
+    std::vector<std::string> words = {ATTEND_CLI_EMULATOR, ATTEND_CLI_PATH};
+#else
     std::vector<std::string> words = {ATTEND_CLI_PATH};
+#endif
     words.insert(words.end(), arguments.begin(), arguments.end());
     std::vector<char*> argv;
     for (std::string& word : words) argv.push_back(word.data());

@@ -27,6 +27,7 @@
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
 #include "attend/tensor.hpp"
+#include "test_support.hpp"
 
 namespace attend {
 namespace {
@@ -35,17 +36,6 @@ namespace {
 constexpr int kThreads = 8;
 // Times each thread runs the whole job list (in a rotated order).
 constexpr int kRounds = 3;
-
-Tensor random_tensor(DType dtype, const Shape& shape, uint32_t seed) {
-  std::mt19937 generator(seed);
-  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
-  Tensor values(DType::kFloat32, shape);
-  for (int64_t i = 0; i < values.numel(); ++i) values.data_as<float>()[i] = uniform(generator);
-  if (dtype == DType::kFloat32) return values;
-  Tensor converted(dtype, shape);
-  convert(values.view(), converted.view());
-  return converted;
-}
 
 // A (shape) uint8 mask with about `keep_fraction` of entries nonzero.
 Tensor random_mask(const Shape& shape, double keep_fraction, uint32_t seed) {
@@ -106,12 +96,12 @@ Job make_sdpa_job(const SdpaProblem& problem, std::vector<std::shared_ptr<Tensor
     return storage.back()->view();
   };
   const int64_t n = problem.batch, h = problem.heads;
-  const TensorView query =
-      make(random_tensor(problem.dtype, Shape({n, h, problem.query_len, problem.head_dim}), seed));
-  const TensorView key = make(
-      random_tensor(problem.dtype, Shape({n, h, problem.key_len, problem.head_dim}), seed + 1));
-  const TensorView value = make(
-      random_tensor(problem.dtype, Shape({n, h, problem.key_len, problem.value_dim}), seed + 2));
+  const TensorView query = make(test::random_tensor(
+      Shape({n, h, problem.query_len, problem.head_dim}), seed, 2.0, problem.dtype));
+  const TensorView key = make(test::random_tensor(Shape({n, h, problem.key_len, problem.head_dim}),
+                                                  seed + 1, 2.0, problem.dtype));
+  const TensorView value = make(test::random_tensor(
+      Shape({n, h, problem.key_len, problem.value_dim}), seed + 2, 2.0, problem.dtype));
   AttentionOptions options;
   if (problem.masked) {
     options.mask = make(random_mask(Shape({problem.query_len, problem.key_len}), 0.6, seed + 3));
@@ -137,9 +127,9 @@ Job make_sdpa_backward_job(const SdpaProblem& problem,
   const size_t first = storage.size() - (problem.masked ? 4 : 3);
   const TensorView query = storage[first]->view(), key = storage[first + 1]->view(),
                    value = storage[first + 2]->view();
-  storage.push_back(std::make_shared<Tensor>(random_tensor(
-      problem.dtype, Shape({problem.batch, problem.heads, problem.query_len, problem.value_dim}),
-      seed + 5)));
+  storage.push_back(std::make_shared<Tensor>(test::random_tensor(
+      Shape({problem.batch, problem.heads, problem.query_len, problem.value_dim}), seed + 5, 2.0,
+      problem.dtype)));
   const TensorView grad_output = storage.back()->view();
   AttentionOptions options;
   if (problem.masked) options.mask = storage[first + 3]->view();
@@ -170,8 +160,8 @@ std::vector<Job> make_multihead_jobs(const MultiHeadAttention& module,
     return storage.back()->view();
   };
   const int64_t E = module.embed_dim();
-  const TensorView x = make(random_tensor(DType::kFloat32, Shape({2, 9, E}), 301));
-  const TensorView memory = make(random_tensor(DType::kFloat32, Shape({2, 14, E}), 302));
+  const TensorView x = make(test::random_tensor(Shape({2, 9, E}), 301, 2.0));
+  const TensorView memory = make(test::random_tensor(Shape({2, 14, E}), 302, 2.0));
   const TensorView padding = make(random_mask(Shape({2, 14}), 0.8, 303));
   const TensorView attn_mask = make(random_mask(Shape({9, 9}), 0.7, 304));
   std::vector<Job> jobs;
@@ -314,18 +304,18 @@ TEST(Concurrency, MixedCallsFromManyThreads) {
   std::vector<std::shared_ptr<Tensor>> storage;
   std::vector<Job> jobs = make_multihead_jobs(packed, storage);
   // Cross-attention through separate q/k/v projections.
-  const TensorView x = storage
-                           .emplace_back(std::make_shared<Tensor>(
-                               random_tensor(DType::kFloat32, Shape({3, 6, 24}), 401)))
-                           ->view();
-  const TensorView keys = storage
-                              .emplace_back(std::make_shared<Tensor>(
-                                  random_tensor(DType::kFloat32, Shape({3, 11, 16}), 402)))
-                              ->view();
-  const TensorView values = storage
-                                .emplace_back(std::make_shared<Tensor>(
-                                    random_tensor(DType::kFloat32, Shape({3, 11, 8}), 403)))
-                                ->view();
+  const TensorView x =
+      storage
+          .emplace_back(std::make_shared<Tensor>(test::random_tensor(Shape({3, 6, 24}), 401, 2.0)))
+          ->view();
+  const TensorView keys =
+      storage
+          .emplace_back(std::make_shared<Tensor>(test::random_tensor(Shape({3, 11, 16}), 402, 2.0)))
+          ->view();
+  const TensorView values =
+      storage
+          .emplace_back(std::make_shared<Tensor>(test::random_tensor(Shape({3, 11, 8}), 403, 2.0)))
+          ->view();
   jobs.push_back({"multihead unpacked cross", [&unpacked, x, keys, values] {
                     MultiHeadForwardOptions options;
                     options.num_threads = 1;

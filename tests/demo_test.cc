@@ -222,10 +222,10 @@ TEST(XmlChecker, AcceptsWellFormedAndRejectsMalformed) {
 }
 
 TEST(SvgWriter, EscapesTextAndAttributes) {
-  EXPECT_EQ(cli::svg::escape_xml("<a & \"b\" 'c'>"), "&lt;a &amp; &quot;b&quot; &apos;c&apos;&gt;");
-  cli::svg::Document document(100, 50);
+  EXPECT_EQ(svg::escape_xml("<a & \"b\" 'c'>"), "&lt;a &amp; &quot;b&quot; &apos;c&apos;&gt;");
+  svg::Document document(100, 50);
   document.text(1, 2, "<bos> & <pad>");
-  cli::svg::TextStyle style;
+  svg::TextStyle style;
   style.fill = "\"><script>";
   document.text(1, 2, "x", style);
   const auto root = parse_xml(document.str());

@@ -243,15 +243,13 @@ TEST(Dropout, FusedDropsTheSameWeightsAsTheReferenceOnEveryTarget) {
   for (double p : {0.1, 0.5, 0.9}) {
     const AttentionResult reference = problem.run(dropout_options(Backend::kReference, p, 8));
     for (const std::string& target : supported_simd_targets()) {
-      set_max_simd_target(target);
       AttentionResult fused;
       try {
+        ScopedSimdCap cap(target);
         fused = problem.run(dropout_options(Backend::kFused, p, 8));
       } catch (const Error& error) {
-        set_max_simd_target("");
         FAIL() << "target " << target << ": " << error.what();
       }
-      set_max_simd_target("");
       int64_t mismatches = 0, first = -1;
       for (int64_t n = 0; n < reference.weights.numel(); ++n) {
         const bool differ = (reference.weights.data_as<float>()[n] == 0.0f) !=

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attend/runtime.hpp"
+#include "test_support.hpp"
 
 namespace attend::detail {
 namespace {
@@ -95,19 +96,16 @@ const Problem kProblems[] = {
     {0, 5, 4, true},    {200, 96, 64, true},   {4, 768, 256, true}, {8, 13, 35, false},
 };
 
-class GemmEveryTarget : public ::testing::TestWithParam<std::string> {
- protected:
-  void TearDown() override { set_max_simd_target(""); }
-};
+class GemmEveryTarget : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GemmEveryTarget, MatchesFloat64Product) {
-  set_max_simd_target(GetParam());
+  test::ScopedSimdCap cap(GetParam());
   ASSERT_EQ(active_simd_target(), GetParam());
   for (const Problem& problem : kProblems) check_against_naive(problem, 2, GetParam());
 }
 
 TEST_P(GemmEveryTarget, ResultDoesNotDependOnThreadCount) {
-  set_max_simd_target(GetParam());
+  test::ScopedSimdCap cap(GetParam());
   const int64_t M = 301, N = 131, K = 77;
   const auto input = pseudo_random(static_cast<size_t>(M * K), 4);
   const auto weight = pseudo_random(static_cast<size_t>(N * K), 5);

@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -24,6 +23,7 @@
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
 #include "attend/tensor.hpp"
+#include "test_support.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -46,14 +46,6 @@ void expect_error_containing(Call call, const std::string& fragment) {
     EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
         << "message: " << e.what() << "\nexpected to contain: " << fragment;
   }
-}
-
-std::vector<float> random_values(int64_t count, uint32_t seed) {
-  std::mt19937 generator(seed);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<float> values(static_cast<size_t>(count));
-  for (float& v : values) v = uniform(generator);
-  return values;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -171,18 +163,11 @@ TEST(Hardening, ReadersCheckSizesAgainstTheInputBeforeAllocating) {
 // ---------------------------------------------------------------------------------------
 // Weights limit
 
-TEST(Hardening, WeightsLimitFailsBeforeAllocating) {
-  // Lq = Lk = 2^20 from one float each (zero strides): 2^40 weights, 4 TiB, over the default
-  // 16 GiB limit. Allocating first would fail differently (or take the machine).
+// Weights over the default limit through zero strides (4 TiB of them): tests/sdpa_contract_test.cc.
+TEST(Hardening, WeightsLimitIsExactAndDoesNotWrap) {
   float one = 1.0f;
-  const int64_t length = int64_t{1} << 20;
-  const TensorView broadcast(&one, DType::kFloat32, Shape({length, 1}), Shape({0, 1}));
   AttentionOptions options;
   options.need_weights = true;
-  expect_error_containing(
-      [&] { (void)scaled_dot_product_attention(broadcast, broadcast, broadcast, options); },
-      "max_weights_bytes");
-
   // 2^31 · (2^31 + 1) weights: 4 × that many bytes wraps a 64-bit count to 8 GiB, under the
   // limit; the limit must be checked without wrapping.
   const TensorView queries(&one, DType::kFloat32, Shape({int64_t{1} << 31, 1}), Shape({0, 1}));
@@ -191,7 +176,7 @@ TEST(Hardening, WeightsLimitFailsBeforeAllocating) {
                           "max_weights_bytes");
 
   // The limit is exact: (1, 8, 8) weights take 256 bytes.
-  const std::vector<float> values = random_values(8 * 4, 1);
+  const std::vector<float> values = test::uniform_values(8 * 4, 1);
   const TensorView small(values.data(), Shape({1, 8, 4}));
   options.max_weights_bytes = 255;
   expect_error_containing([&] { (void)scaled_dot_product_attention(small, small, small, options); },
@@ -210,7 +195,7 @@ TEST(Hardening, WeightsLimitFailsBeforeAllocating) {
 TEST(Hardening, OutputsOverlappingInputsAreRejectedAndLeftUntouched) {
   // One buffer holding Q (2, 4, 8) | K (2, 4, 8) | V (2, 4, 8) | mask (4, 4) as floats' room.
   constexpr int64_t kPart = 2 * 4 * 8;
-  std::vector<float> buffer = random_values(4 * kPart, 2);
+  std::vector<float> buffer = test::uniform_values(4 * kPart, 2);
   float* q = buffer.data();
   float* k = q + kPart;
   float* v = k + kPart;
@@ -259,7 +244,7 @@ TEST(Hardening, OutputsOverlappingInputsAreRejectedAndLeftUntouched) {
   expect_rejected(collapsed, nullptr, plain, "zero stride");
 
   // Adjacent but disjoint is fine: output right after V in the same buffer.
-  std::vector<float> shared = random_values(4 * kPart, 3);
+  std::vector<float> shared = test::uniform_values(4 * kPart, 3);
   const TensorView q2(shared.data(), Shape({2, 4, 8}));
   const TensorView after(shared.data() + kPart, Shape({2, 4, 8}));
   EXPECT_NO_THROW(scaled_dot_product_attention_into(q2, q2, q2, after, nullptr));
@@ -267,11 +252,6 @@ TEST(Hardening, OutputsOverlappingInputsAreRejectedAndLeftUntouched) {
 
 // ---------------------------------------------------------------------------------------
 // NaN, Inf and denormals on every SIMD target
-
-// Restores the dispatch to the best target when the test ends, even on failure.
-struct SimdCapGuard {
-  ~SimdCapGuard() { set_max_simd_target(""); }
-};
 
 // (2, L, E) query, (2, S, E) key, (2, S, Ev) value with values in [-1, 1].
 struct Problem {
@@ -281,9 +261,9 @@ struct Problem {
   Problem(int64_t query_len, int64_t key_len, uint32_t seed)
       : query_len(query_len),
         key_len(key_len),
-        query(random_values(kBatch * query_len * kHeadDim, seed)),
-        key(random_values(kBatch * key_len * kHeadDim, seed + 1)),
-        value(random_values(kBatch * key_len * kValueDim, seed + 2)) {}
+        query(test::uniform_values(kBatch * query_len * kHeadDim, seed)),
+        key(test::uniform_values(kBatch * key_len * kHeadDim, seed + 1)),
+        value(test::uniform_values(kBatch * key_len * kValueDim, seed + 2)) {}
   AttentionResult run(const AttentionOptions& options) const {
     return scaled_dot_product_attention(
         TensorView(query.data(), Shape({kBatch, query_len, kHeadDim})),
@@ -325,6 +305,11 @@ std::vector<std::string> targets_and_reference() {
   return targets;
 }
 
+// The dispatch cap for `target`: that target, or none for the reference (it has no SIMD).
+std::string cap_for(const std::string& target) {
+  return target == "reference" ? active_simd_target() : target;
+}
+
 AttentionOptions options_for(const std::string& target) {
   AttentionOptions options;
   options.need_weights = true;
@@ -336,7 +321,7 @@ AttentionOptions options_for(const std::string& target) {
 // log-sum-exp, and a refused call writes nothing.
 TEST(Hardening, BackwardGradientsOverlappingAreRejectedAndLeftUntouched) {
   constexpr int64_t kPart = 2 * 4 * 8;  // Q, K, V, dO, O: (2, 4, 8) each
-  std::vector<float> inputs = random_values(6 * kPart, 3);  // ..., log-sum-exp at 5·kPart
+  std::vector<float> inputs = test::uniform_values(6 * kPart, 3);  // ..., log-sum-exp at 5·kPart
   float* q = inputs.data();
   const TensorView query(q, Shape({2, 4, 8})), key(q + kPart, Shape({2, 4, 8})),
       value(q + 2 * kPart, Shape({2, 4, 8})), grad_output(q + 3 * kPart, Shape({2, 4, 8})),
@@ -377,11 +362,10 @@ TEST(Hardening, BackwardGradientsOverlappingAreRejectedAndLeftUntouched) {
 }
 
 TEST(Hardening, NaNOrInfInAQueryRowPoisonsOnlyThatRow) {
-  SimdCapGuard guard;
   // 3 queries take the row kernel, 37 the query-tile kernel (several tiles on every target).
   for (int64_t query_len : {3, 37}) {
     for (const std::string& target : targets_and_reference()) {
-      if (target != "reference") set_max_simd_target(target);
+      test::ScopedSimdCap cap(cap_for(target));
       const AttentionOptions options = options_for(target);
       const Problem clean(query_len, 29, 10);
       const AttentionResult expected = clean.run(options);
@@ -402,10 +386,9 @@ TEST(Hardening, NaNOrInfInAQueryRowPoisonsOnlyThatRow) {
 }
 
 TEST(Hardening, ExcludedNaNKeysHaveNoEffect) {
-  SimdCapGuard guard;
   for (int64_t query_len : {3, 37}) {
     for (const std::string& target : targets_and_reference()) {
-      if (target != "reference") set_max_simd_target(target);
+      test::ScopedSimdCap cap(cap_for(target));
       const std::string what = target + ", L = " + std::to_string(query_len);
       const int64_t key_len = 29, excluded_key = 11;
       // The mask excludes key 11 for every query: masked_fill replaces its (NaN) score.
@@ -447,7 +430,6 @@ TEST(Hardening, ExcludedNaNKeysHaveNoEffect) {
 }
 
 TEST(Hardening, DenormalInputsGiveCorrectResults) {
-  SimdCapGuard guard;
   constexpr float kDenormal = 1e-40f;  // below FLT_MIN (1.18e-38)
   ASSERT_LT(kDenormal, std::numeric_limits<float>::min());
   ASSERT_GT(kDenormal, 0.0f);
@@ -462,7 +444,7 @@ TEST(Hardening, DenormalInputsGiveCorrectResults) {
     AttentionOptions reference_options = options_for("reference");
     const AttentionResult expected = problem.run(reference_options);
     for (const std::string& target : supported_simd_targets()) {
-      set_max_simd_target(target);
+      test::ScopedSimdCap cap(target);
 #ifdef ATTEND_TEST_HAS_MXCSR
       const unsigned control_before = _mm_getcsr();
 #endif

@@ -15,6 +15,7 @@
 #include "attend/error.hpp"
 #include "attend/multihead.hpp"
 #include "attend/safetensors.hpp"
+#include "test_support.hpp"
 
 namespace attend {
 namespace {
@@ -189,13 +190,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, GoldenGradients, ::testing::ValuesIn(golden_para
 // ---------------------------------------------------------------------------------------------
 // A small random problem owned by the test: module, inputs, masks, grad_output.
 
-Tensor random_tensor(const Shape& shape, std::mt19937& rng, float scale = 1.0f) {
-  Tensor t(DType::kFloat32, shape);
-  std::normal_distribution<float> normal(0.0f, scale);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = normal(rng);
-  return t;
-}
-
 struct Problem {
   MultiHeadAttention module{1, 1};
   Tensor query, key, value, key_padding_mask, grad_output;
@@ -232,11 +226,11 @@ Problem make_problem(int64_t embed_dim, int64_t heads, int64_t batch, int64_t qu
     for (int64_t i = 0; i < view.numel(); ++i) view.data_as<float>()[i] = uniform(rng);
   }
   p.self_attention = self_attention;
-  p.query = random_tensor(Shape({batch, query_len, embed_dim}), rng);
+  p.query = test::random_tensor(Shape({batch, query_len, embed_dim}), rng());
   if (self_attention) key_len = query_len;
   if (!self_attention) {
-    p.key = random_tensor(Shape({batch, key_len, kdim ? kdim : embed_dim}), rng);
-    p.value = random_tensor(Shape({batch, key_len, vdim ? vdim : embed_dim}), rng);
+    p.key = test::random_tensor(Shape({batch, key_len, kdim ? kdim : embed_dim}), rng());
+    p.value = test::random_tensor(Shape({batch, key_len, vdim ? vdim : embed_dim}), rng());
   }
   if (padding > 0) {
     p.key_padding_mask = Tensor::zeros(DType::kUInt8, Shape({batch, key_len}));
@@ -248,7 +242,7 @@ Problem make_problem(int64_t embed_dim, int64_t heads, int64_t batch, int64_t qu
     }
     p.options.key_padding_mask = p.key_padding_mask.view();
   }
-  p.grad_output = random_tensor(Shape({batch, query_len, embed_dim}), rng);
+  p.grad_output = test::random_tensor(Shape({batch, query_len, embed_dim}), rng());
   p.options.need_weights = false;
   return p;
 }
@@ -272,7 +266,7 @@ void check_directional_derivative(const Problem& p, const TensorView& target,
   ASSERT_FALSE(gradient.empty()) << what;
   ASSERT_EQ(gradient.shape(), target.shape) << what;
   std::mt19937 rng(seed);
-  const Tensor direction = random_tensor(target.shape, rng);
+  const Tensor direction = test::random_tensor(target.shape, rng());
   const Tensor saved = Tensor::copy_of(target);
   float* x = target.data_as<float>();
   const float* u = direction.data_as<float>();

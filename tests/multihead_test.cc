@@ -17,6 +17,7 @@
 #include "attend/npy.hpp"
 #include "attend/runtime.hpp"
 #include "attend/safetensors.hpp"
+#include "test_support.hpp"
 
 namespace attend {
 namespace {
@@ -256,15 +257,12 @@ const std::vector<std::string> kGoldenCases = {
     "wide_heads",
 };
 
-class MultiHeadGolden : public ::testing::TestWithParam<std::string> {
- protected:
-  void TearDown() override { set_max_simd_target(""); }
-};
+class MultiHeadGolden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MultiHeadGolden, MatchesPyTorchOnEveryTarget) {
   const GoldenCase c = load_case(GetParam());
   for (const std::string& target : supported_simd_targets()) {
-    set_max_simd_target(target);
+    test::ScopedSimdCap cap(target);
     check_golden(c, run_case(c), target);
   }
 }

@@ -20,15 +20,6 @@
 namespace attend::test {
 namespace {
 
-// Caps the SIMD dispatch for the lifetime of the object.
-class SimdCap {
- public:
-  explicit SimdCap(const std::string& target) { set_max_simd_target(target); }
-  ~SimdCap() { set_max_simd_target(""); }
-  SimdCap(const SimdCap&) = delete;
-  SimdCap& operator=(const SimdCap&) = delete;
-};
-
 // (2 batch, 4 heads, L, E) inputs; the shapes pick the kernel: Lq <= 8 row groups, one query
 // and many keys the key split, else query tiles.
 struct Shape4 {
@@ -112,7 +103,7 @@ TEST(UserRules, AlibiAsScoreModIsTheBuiltInBitForBit) {
       user.alibi = false;
       user.user_rules = make_score_rules(alibi);
       for (const std::string& target : supported_simd_targets()) {
-        SimdCap cap(target);
+        ScopedSimdCap cap(target);
         expect_same(run(in, user), run(in, built_in), std::string(shape.name) + " on " + target);
       }
     }
@@ -144,7 +135,7 @@ TEST(UserRules, DocumentsAsMaskModAreTheBuiltInBitForBit) {
     user.segment_ids_key.reset();
     user.user_rules = make_score_rules(kNoScoreMod, same_document);
     for (const std::string& target : supported_simd_targets()) {
-      SimdCap cap(target);
+      ScopedSimdCap cap(target);
       expect_same(run(in, user), run(in, built_in), std::string(shape.name) + " on " + target);
     }
   }
@@ -177,7 +168,7 @@ TEST(UserRules, UserSoftcapAndMaskMatchTheReference) {
     reference.backend = Backend::kReference;
     const Results expected = run(in, reference);
     for (const std::string& target : supported_simd_targets()) {
-      SimdCap cap(target);
+      ScopedSimdCap cap(target);
       const Results got = run(in, options);
       // Values in ±1: the outputs are weighted means of them, gradients of the same size;
       // float32 kernels stay within 1e-5 of float64 at these lengths (measured: < 2e-6).

@@ -13,20 +13,13 @@
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
+#include "test_support.hpp"
 
 namespace attend {
 namespace {
 
 const std::string kDataDir = std::string(ATTEND_TEST_DATA_DIR) + "/rules_grad/";
 
-// Caps the SIMD dispatch for the lifetime of the object.
-class SimdCap {
- public:
-  explicit SimdCap(const std::string& target) { set_max_simd_target(target); }
-  ~SimdCap() { set_max_simd_target(""); }
-  SimdCap(const SimdCap&) = delete;
-  SimdCap& operator=(const SimdCap&) = delete;
-};
 
 struct GoldenCase {
   std::string name;
@@ -169,7 +162,7 @@ TEST(ScoreRulesGolden, ReferenceMatchesPyTorchAutograd) {
 TEST(ScoreRulesGolden, FusedMatchesPyTorchAutogradOnEveryTarget) {
   const std::vector<GoldenCase> cases = load_cases();
   for (const std::string& target : supported_simd_targets()) {
-    SimdCap cap(target);
+    test::ScopedSimdCap cap(target);
     for (const GoldenCase& c : cases) {
       expect_matches(c, run(c, c.options), c.name + " (" + c.options_text + " ) on " + target);
     }

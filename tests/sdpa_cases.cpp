@@ -353,24 +353,6 @@ CaseInputs make_case_inputs(const SdpaCase& c) {
   return in;
 }
 
-std::vector<float> uniform_values(int64_t count, uint32_t seed, double magnitude) {
-  std::mt19937 random(seed);
-  std::vector<float> values(static_cast<size_t>(count));
-  for (float& v : values) {
-    // 24 random bits → [0, 1) → [-1, 1), exactly representable in float32.
-    const double unit = static_cast<double>(random() >> 8) / 16777216.0;
-    v = static_cast<float>((2.0 * unit - 1.0) * magnitude);
-  }
-  return values;
-}
-
-Tensor random_tensor(const Shape& shape, uint32_t seed, double magnitude) {
-  const std::vector<float> values = uniform_values(shape.numel(), seed, magnitude);
-  Tensor t(DType::kFloat32, shape);
-  if (!values.empty()) std::memcpy(t.data(), values.data(), values.size() * sizeof(float));
-  return t;
-}
-
 double element_as_double(const TensorView& view, int64_t logical_index) {
   int64_t offset = 0;
   for (int d = view.rank() - 1; d >= 0; --d) {

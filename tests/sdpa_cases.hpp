@@ -1,5 +1,5 @@
 // sdpa_cases.hpp: the case grid of the differential harness (tests/data/sdpa_cases.txt) and
-// the helpers every SDPA test shares: deterministic inputs, a float64 copy of what the
+// the helpers every SDPA test shares: a case's inputs, a float64 copy of what the
 // library reads (for the independent reference and the error model), worst-element
 // comparison.
 #pragma once
@@ -13,6 +13,7 @@
 #include "attend/sdpa.hpp"
 #include "attend/tensor.hpp"
 #include "independent_reference.hpp"
+#include "test_support.hpp"
 
 namespace attend::test {
 
@@ -72,11 +73,6 @@ struct CaseInputs {
   ReferenceProblem problem;
 };
 CaseInputs make_case_inputs(const SdpaCase& c);
-
-// Deterministic uniform values in [-magnitude, magnitude] (std::mt19937 with `seed`).
-std::vector<float> uniform_values(int64_t count, uint32_t seed, double magnitude);
-// A contiguous float32 tensor of such values.
-Tensor random_tensor(const Shape& shape, uint32_t seed, double magnitude = 1.0);
 
 // Element at a row-major (logical) position of any view, through its strides, as double.
 double element_as_double(const TensorView& view, int64_t logical_index);

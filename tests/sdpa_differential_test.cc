@@ -162,15 +162,6 @@ std::vector<std::string> property_violations(const PreparedCase& c, const Outcom
   return found;
 }
 
-// Caps the SIMD dispatch for the lifetime of the object, then lifts the cap.
-class SimdCap {
- public:
-  explicit SimdCap(const std::string& target) { set_max_simd_target(target); }
-  ~SimdCap() { set_max_simd_target(""); }
-  SimdCap(const SimdCap&) = delete;
-  SimdCap& operator=(const SimdCap&) = delete;
-};
-
 TEST(CaseGrid, LoadsAndCoversEveryOptionKind) {
   const auto& cases = prepared_cases();
   ASSERT_GE(cases.size(), 40u);
@@ -255,7 +246,7 @@ TEST(ReferenceBackend, HasThePropertiesOnEveryCase) {
 // groups and query tiles, with and without the key split.
 TEST(CaseGrid, RunsEveryFusedPathOnEveryTarget) {
   for (const std::string& target : supported_simd_targets()) {
-    SimdCap cap(target);
+    ScopedSimdCap cap(target);
     std::set<std::string> paths;
     for (const PreparedCase& c : prepared_cases()) {
       const std::string kernel = attention_kernel(c.in.query, c.in.key, c.in.value, c.in.options);
@@ -353,7 +344,7 @@ class FusedAgainstReference : public ::testing::TestWithParam<std::string> {};
 TEST_P(FusedAgainstReference, EveryCaseOfTheGrid) {
   const std::string target = GetParam();
   const auto& cases = prepared_cases();  // the reference runs before the cap
-  SimdCap cap(target);
+  ScopedSimdCap cap(target);
   ASSERT_EQ(active_simd_target(), target);
   for (const PreparedCase& c : cases) {
     SCOPED_TRACE(where(c, target));

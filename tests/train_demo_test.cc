@@ -16,8 +16,8 @@
 
 #include "attend/error.hpp"
 #include "cli_in_process.hpp"
-#include "train_plot.hpp"
 #include "train_reverse.hpp"
+#include "training_curves.hpp"
 
 namespace attend {
 namespace {

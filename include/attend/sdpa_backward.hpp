@@ -64,8 +64,9 @@ void scaled_dot_product_attention_backward_into(const TensorView& grad_output,
                                                 const AttentionGradientViews& gradients,
                                                 const AttentionOptions& options = {});
 
-// Multiply-add count of one backward call: 2.5 × attention_flops (five products of the
-// forward's sizes: S, dP̃, dV, dQ, dK), the convention of FlashAttention's benchmarks.
+// FLOP count of one backward call (a multiply-add counts as 2): 2.5 × attention_flops (five
+// products of the forward's sizes: S, dP̃, dV, dQ, dK), the convention of FlashAttention's
+// benchmarks.
 double attention_backward_flops(int64_t batch, int64_t query_len, int64_t key_len, int64_t head_dim,
                                 int64_t value_dim, bool causal);
 

@@ -67,7 +67,11 @@ class Shape {
 Shape contiguous_strides(const Shape& shape);
 
 // Non-owning view: pointer, dtype, shape and strides (elements). Strides may be zero
-// (broadcast) or anything else non-negative; the library only reads through them.
+// (broadcast) or anything else non-negative. One type serves inputs and outputs, so a view
+// does not carry constness (Tensor::view() of a const tensor is writable): the library reads
+// through the views passed as inputs and writes only through those passed as outputs (the
+// *_into calls), which must not overlap an input. A view made from const data (the
+// const float* constructor) may only be passed as an input.
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kFloat32;

@@ -53,12 +53,14 @@ struct AttentionShape {
   double weights_bytes() const;
 };
 
+// Throughput targets are shares of what the same run measures on the same machine (the FMA
+// peak, the read bandwidth), so that they mean the same on any machine.
 enum class TargetKind : uint8_t {
   kNone,
-  kMaxMicroseconds,  // median time per call
-  kMinGflops,        // attention_flops / median time
-  kMinGbps,          // key_value_bytes / median time
-  kMaxWeightsRatio,  // time / (time without weights + time to write the weights)
+  kMaxMicroseconds,   // median time per call
+  kMinPercentOfPeak,  // 100 · (attention_flops / median time) / FMA peak
+  kMinPercentOfRead,  // 100 · (key_value_bytes / median time) / read bandwidth
+  kMaxWeightsRatio,   // time / (time without weights + time to write the weights)
 };
 
 struct CaseTarget {
@@ -66,7 +68,7 @@ struct CaseTarget {
   double value = 0;
 };
 
-// "<= 0.5 us", ">= 430 GFLOP/s", ">= 30 GB/s", "<= 1.5x"; "-" for none.
+// "<= 0.5 us", ">= 81% of peak", ">= 71% of read", "<= 1.5x"; "-" for none.
 std::string describe_target(const CaseTarget& target);
 // Whether `measured` (in the unit of target.kind) meets the target; true for kNone.
 bool target_met(const CaseTarget& target, double measured);

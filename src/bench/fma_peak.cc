@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "attend/error.hpp"
-#include "attend/runtime.hpp"
+#include "simd_dispatch.hpp"
 
 // Defined once, outside the per-target namespaces: every target returns the same type.
 #ifndef ATTEND_BENCH_FMA_PEAK_CHAIN_RESULT
@@ -94,7 +94,7 @@ Trial run_trial(int num_threads, int64_t rounds) {
 #pragma omp parallel num_threads(num_threads) reduction(+ : checksum, gflops)
   {
     const double cpu_start = thread_cpu_seconds();
-    const ChainResult result = HWY_DYNAMIC_DISPATCH(RunFmaChains)(rounds);
+    const ChainResult result = ATTEND_DISPATCH(RunFmaChains)(rounds);
     const double cpu_seconds = std::max(thread_cpu_seconds() - cpu_start, 1e-9);
     checksum += result.checksum;
     gflops += 2.0 * result.vector_fmas * result.lanes / cpu_seconds / 1e9;
@@ -120,7 +120,7 @@ FmaPeak measure_fma_peak(int num_threads, double min_seconds) {
   if (!(min_seconds > 0)) {
     throw Error("FMA peak probe: min_seconds must be > 0, got " + std::to_string(min_seconds));
   }
-  (void)supported_simd_targets();  // applies ATTEND_MAX_SIMD before the first dispatch
+  (void)detail::dispatch_targets();  // a bad ATTEND_MAX_SIMD throws here, not in a thread
 
   // Calibrate: double the rounds until one trial lasts a quarter of the wanted time.
   int64_t rounds = int64_t{1} << 14;

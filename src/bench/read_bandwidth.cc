@@ -25,8 +25,8 @@
 #include <string>
 
 #include "attend/error.hpp"
-#include "attend/runtime.hpp"
 #include "attend/tensor.hpp"
+#include "simd_dispatch.hpp"
 
 // Defined once, outside the per-target namespaces: every target returns the same type.
 #ifndef ATTEND_BENCH_READ_BANDWIDTH_SUM_RESULT
@@ -119,7 +119,7 @@ Trial run_trial(const float* values, int64_t count, int num_threads, int64_t pas
     const int thread = omp_get_thread_num();
     const Part part = part_of(count, num_threads, thread);
     for (int64_t pass = 0; pass < passes; ++pass) {
-      const SumResult result = HWY_DYNAMIC_DISPATCH(SumFloats)(values + part.begin, part.count);
+      const SumResult result = ATTEND_DISPATCH(SumFloats)(values + part.begin, part.count);
       sum += result.sum;
 #pragma omp master
       trial.target = result.target;
@@ -145,7 +145,7 @@ ReadBandwidth measure_read_bandwidth(int num_threads, int64_t bytes, double min_
     throw Error("read bandwidth probe: min_seconds must be > 0, got " +
                 std::to_string(min_seconds));
   }
-  (void)supported_simd_targets();  // applies ATTEND_MAX_SIMD before the first dispatch
+  (void)detail::dispatch_targets();  // a bad ATTEND_MAX_SIMD throws here, not in a thread
 
   const int64_t count = (bytes + int64_t{sizeof(float)} - 1) / int64_t{sizeof(float)};
   Tensor buffer(DType::kFloat32, Shape{count});

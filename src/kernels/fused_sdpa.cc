@@ -38,7 +38,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "runtime_internal.hpp"
+#include "simd_dispatch.hpp"
 
 // Each once per target, in this order (each uses what the ones before it define):
 // Exp2, kLog2e, DenormalsAreZero and ParallelItems;
@@ -134,22 +134,20 @@ HWY_EXPORT(FusedSdpaTiles);
 HWY_EXPORT(FusedLanes);
 HWY_EXPORT(PlanFused);
 
-// Entered through the kernel list (kernel_list.cpp), which applies the SIMD cap first.
-
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
-  const int64_t lanes = HWY_DYNAMIC_DISPATCH(FusedLanes)();
+  const int64_t lanes = ATTEND_DISPATCH(FusedLanes)();
   if (2 * params.query_len <= lanes) return nullptr;
   return "more queries than half the SIMD lanes (a query tile fills better)";
 }
 
-void fused_sdpa_rows(const SdpaParams& params) { HWY_DYNAMIC_DISPATCH(FusedSdpaRows)(params); }
+void fused_sdpa_rows(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaRows)(params); }
 
 const char* fused_sdpa_tiles_rejects(const SdpaParams&) { return nullptr; }
 
-void fused_sdpa_tiles(const SdpaParams& params) { HWY_DYNAMIC_DISPATCH(FusedSdpaTiles)(params); }
+void fused_sdpa_tiles(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaTiles)(params); }
 
 FusedPlan fused_sdpa_plan(const SdpaParams& params, bool rows) {
-  return HWY_DYNAMIC_DISPATCH(PlanFused)(params, rows);
+  return ATTEND_DISPATCH(PlanFused)(params, rows);
 }
 
 }  // namespace attend::detail

@@ -34,8 +34,8 @@
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
-#include "runtime_internal.hpp"
 #include "score_rule_layer.hpp"
+#include "simd_dispatch.hpp"
 
 // Exp2, kLog2e, DenormalsAreZero and ParallelItems, once per target.
 #include "kernels/kernel_common-inl.h"
@@ -550,8 +550,7 @@ HWY_EXPORT(FusedSdpaBackward);
 const char* fused_sdpa_backward_rejects(const SdpaBackwardParams&) { return nullptr; }
 
 void fused_sdpa_backward(const SdpaBackwardParams& params) {
-  apply_simd_cap_from_environment();
-  HWY_DYNAMIC_DISPATCH(FusedSdpaBackward)(params);
+  ATTEND_DISPATCH(FusedSdpaBackward)(params);
 }
 
 }  // namespace attend::detail

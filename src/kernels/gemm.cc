@@ -278,16 +278,13 @@ void LinearImpl(const LinearParams& p) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include "runtime_internal.hpp"
+#include "simd_dispatch.hpp"
 
 namespace attend::detail {
 
 HWY_EXPORT(LinearImpl);
 
-void linear(const LinearParams& params) {
-  apply_simd_cap_from_environment();
-  HWY_DYNAMIC_DISPATCH(LinearImpl)(params);
-}
+void linear(const LinearParams& params) { ATTEND_DISPATCH(LinearImpl)(params); }
 
 }  // namespace attend::detail
 #endif  // HWY_ONCE

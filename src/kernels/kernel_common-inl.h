@@ -115,6 +115,9 @@ class DenormalsAreZero {
 
  private:
   unsigned saved_;
+#else
+  // Nothing to set or restore; user-provided, so that a guard is not an unused variable.
+  ~DenormalsAreZero() {}
 #endif
 };
 

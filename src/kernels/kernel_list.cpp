@@ -7,7 +7,6 @@
 #include "kernels/fused_sdpa_backward.hpp"
 #include "reference/reference_sdpa.hpp"
 #include "reference/reference_sdpa_backward.hpp"
-#include "runtime_internal.hpp"
 
 namespace attend::detail {
 namespace {
@@ -56,7 +55,6 @@ const Candidate<Params>& choose(const Candidate<Params> (&candidates)[N], const 
 }  // namespace
 
 void run_kernel(const SdpaParams& params, Backend backend) {
-  apply_simd_cap_from_environment();
   choose(kCandidates, params, backend).run(params);
 }
 
@@ -65,7 +63,6 @@ void run_backward_kernel(const SdpaBackwardParams& params, Backend backend) {
 }
 
 std::string chosen_kernel(const SdpaParams& params, Backend backend) {
-  apply_simd_cap_from_environment();
   const Candidate<SdpaParams>& c = choose(kCandidates, params, backend);
   std::string name = c.name;
   if (c.backend == Backend::kFused) {

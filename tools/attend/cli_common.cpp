@@ -117,21 +117,4 @@ std::string describe(const std::string& path, const TensorView& contents) {
   return path + " " + contents.shape.str() + " " + dtype_name(contents.dtype);
 }
 
-StagedTextFile::StagedTextFile(const std::string& option, const std::string& path,
-                               const std::string& contents) try
-    : option_(option), file_(path) {
-  file_.write(contents);
-  file_.flush();
-} catch (const Error& e) {
-  throw Error(option + " " + e.what());
-}
-
-void StagedTextFile::commit() {
-  try {
-    file_.commit();
-  } catch (const Error& e) {
-    throw Error(option_ + " " + e.what());
-  }
-}
-
 }  // namespace attend::cli

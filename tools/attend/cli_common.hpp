@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "attend/tensor.hpp"
-#include "io/staged_file.hpp"
 
 namespace attend::cli {
 
@@ -54,21 +53,6 @@ struct OutputFile {
 // first; the renames happen only after all of them were written and flushed. Refuses two
 // outputs naming the same path.
 void write_outputs(const std::vector<OutputFile>& files);
-
-// One text file, staged as the library stages every file (io/staged_file.hpp): the
-// constructor writes it to a temporary file beside `path` and flushes it to disk, commit()
-// renames it over `path`; an uncommitted one is removed. Errors throw attend::Error reading
-// "<option> <path>: <reason>". Several files all or nothing: construct every one, then commit.
-class StagedTextFile {
- public:
-  StagedTextFile(const std::string& option, const std::string& path, const std::string& contents);
-
-  void commit();
-
- private:
-  std::string option_;
-  detail::StagedFile file_;
-};
 
 // "O.npy (2, 5, 64) float32"
 std::string describe(const std::string& path, const TensorView& contents);

@@ -17,6 +17,7 @@
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
 #include "demo_scenes.hpp"
+#include "staged_text_file.hpp"
 
 namespace attend::cli {
 namespace {
@@ -71,11 +72,12 @@ void run_demo(const DemoArguments& arguments) {
   const double elapsed =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
 
-  std::vector<std::unique_ptr<StagedTextFile>> staged;
+  std::vector<std::unique_ptr<support::StagedTextFile>> staged;
   std::vector<std::string> paths;
   for (const DemoPicture& picture : pictures) {
     paths.push_back((fs::path(arguments.out_dir) / picture.file_name).string());
-    staged.push_back(std::make_unique<StagedTextFile>("--out-dir", paths.back(), picture.svg));
+    staged.push_back(
+        std::make_unique<support::StagedTextFile>("--out-dir", paths.back(), picture.svg));
   }
   for (auto& file : staged) file->commit();
   std::cout << "\nAll four scenes in " << static_cast<int64_t>(elapsed + 0.5) << " ms. Wrote:\n";

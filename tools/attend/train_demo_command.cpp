@@ -11,8 +11,9 @@
 #include <memory>
 #include <string>
 
-#include "train_plot.hpp"
+#include "staged_text_file.hpp"
 #include "train_reverse.hpp"
+#include "training_curves.hpp"
 
 namespace attend::cli {
 namespace {
@@ -72,7 +73,9 @@ void run_train_demo(const TrainDemoArguments& arguments) {
     std::cout << "New random sequences (not from the training stream):\n";
     examples::print_reversal_examples(model, 4, std::cout);
   }
-  StagedTextFile("--svg", arguments.svg_path, training_curves_svg(settings, history)).commit();
+  support::StagedTextFile("--svg", arguments.svg_path,
+                          examples::training_curves_svg(settings, history))
+      .commit();
   std::cout << "Wrote " << arguments.svg_path << '\n';
 }
 

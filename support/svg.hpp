@@ -1,6 +1,6 @@
-// svg.hpp: a small SVG writer for the pictures of `attend demo`: text, rectangles and marks,
-// heatmap panels of attention weights with a colour scale, every label its own <text> element,
-// every piece of text XML-escaped.
+// svg.hpp: a small SVG writer for the pictures of `attend demo` and of the training example's
+// curves: text, rectangles, marks and lines, heatmap panels of attention weights with a colour
+// scale, every label its own <text> element, every piece of text XML-escaped.
 #pragma once
 
 #include <array>
@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace attend::cli::svg {
+namespace attend::svg {
 
 // `text` with &, <, >, " and ' replaced by entities, and control characters other than tab
 // and newline (not allowed in XML 1.0) dropped.
@@ -91,4 +91,4 @@ void draw_colour_bar(Document& document, double x, double y, double width, doubl
 // A number as short text: "0.412", "2.4e-04".
 std::string format_number(double value, int precision = 3);
 
-}  // namespace attend::cli::svg
+}  // namespace attend::svg

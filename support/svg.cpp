@@ -1,4 +1,4 @@
-// svg.cpp: the SVG writer behind the pictures of `attend demo`.
+// svg.cpp: the SVG writer behind the pictures of `attend demo` and `attend train-demo`.
 #include "svg.hpp"
 
 #include <algorithm>
@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <vector>
 
-namespace attend::cli::svg {
+namespace attend::svg {
 namespace {
 
 // Coordinates with at most two decimals, no trailing zeros: "12", "12.5", "0.33".
@@ -338,4 +338,4 @@ void draw_colour_bar(Document& document, double x, double y, double width, doubl
   document.text(x + width / 2, y + height + 16, caption, style);
 }
 
-}  // namespace attend::cli::svg
+}  // namespace attend::svg

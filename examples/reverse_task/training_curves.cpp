@@ -1,5 +1,5 @@
-// train_plot.cpp: the loss and accuracy curves of a training run as an SVG picture.
-#include "train_plot.hpp"
+// training_curves.cpp: the loss and accuracy curves of a training run as an SVG picture.
+#include "training_curves.hpp"
 
 #include <algorithm>
 #include <array>
@@ -11,7 +11,7 @@
 #include "attend/error.hpp"
 #include "svg.hpp"
 
-namespace attend::cli {
+namespace attend::examples {
 namespace {
 
 using Point = std::array<double, 2>;  // {x, y} in data units
@@ -134,8 +134,8 @@ std::vector<Point> bucketed(const std::vector<double>& values) {
 
 }  // namespace
 
-std::string training_curves_svg(const examples::ReverseTaskSettings& settings,
-                                const examples::TrainingHistory& history) {
+std::string training_curves_svg(const ReverseTaskSettings& settings,
+                                const TrainingHistory& history) {
   constexpr double kWidth = 760, kHeight = 640, kLeft = 80, kPlotWidth = 640;
   svg::Document document(kWidth, kHeight);
   svg::TextStyle heading;
@@ -176,7 +176,7 @@ std::string training_curves_svg(const examples::ReverseTaskSettings& settings,
   loss.y_logarithmic = true;
   Series train{"training batch", "#1f77b4", bucketed(history.losses)};
   Series held_out{"held-out", "#ff7f0e", {}};
-  for (const examples::Evaluation& evaluation : history.evaluations) {
+  for (const Evaluation& evaluation : history.evaluations) {
     held_out.points.push_back({static_cast<double>(evaluation.step), evaluation.loss});
   }
   double low = 1e300, high = 0;
@@ -210,7 +210,7 @@ std::string training_curves_svg(const examples::ReverseTaskSettings& settings,
   }
   Series tokens{"tokens", "#2ca02c", {}};
   Series sequences{"whole sequences", "#d62728", {}};
-  for (const examples::Evaluation& evaluation : history.evaluations) {
+  for (const Evaluation& evaluation : history.evaluations) {
     const auto step = static_cast<double>(evaluation.step);
     tokens.points.push_back({step, 100.0 * evaluation.token_accuracy});
     sequences.points.push_back({step, 100.0 * evaluation.sequence_accuracy});
@@ -220,4 +220,4 @@ std::string training_curves_svg(const examples::ReverseTaskSettings& settings,
   return document.str();
 }
 
-}  // namespace attend::cli
+}  // namespace attend::examples
