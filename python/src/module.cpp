@@ -1,0 +1,145 @@
+// module.cpp: the extension module attend._attend: exceptions, threads, what this build
+// offers, and the C++-side timing loops of bench/python_bench.py.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "arrays.hpp"
+#include "attend/error.hpp"
+#include "attend/runtime.hpp"
+#include "attend/sdpa.hpp"
+#include "attend/sdpa_backward.hpp"
+#include "bindings.hpp"
+
+namespace attend_python {
+namespace {
+
+// 0: not set by attend.set_num_threads.
+std::atomic<int> g_num_threads{0};
+
+// OMP_NUM_THREADS when set, else the cores this process may run on. Fixed at import: the
+// OpenMP default of the calling thread is not used, since importing torch sets it to
+// torch's own thread count for the main thread only.
+int default_num_threads() {
+  static const int n = [] {
+    if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+      const int parsed = std::atoi(env);
+      if (parsed > 0) return parsed;
+    }
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+      return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
+    return 1;
+  }();
+  return n;
+}
+
+PyObject* g_error = nullptr;        // attend.Error(ValueError)
+PyObject* g_dtype_error = nullptr;  // attend.DTypeError(attend.Error, TypeError)
+
+void set_num_threads(int n) {
+  if (n < 0)
+    throw attend::Error("num_threads must be >= 0 (0 = default), got " + std::to_string(n));
+  g_num_threads = n;
+}
+
+// Seconds per call of the C++ API itself on borrowed arrays (no Python in the loop): the
+// baseline the Python call's overhead is measured against.
+double cpp_sdpa_seconds(py::handle query, py::handle key, py::handle value, py::handle out,
+                        bool causal, int calls, int num_threads) {
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed o = borrow(out, "out", true);
+  attend::AttentionOptions options;
+  options.causal = causal;
+  options.causal_alignment = attend::CausalAlignment::kTopLeft;
+  options.num_threads = resolve_num_threads(num_threads);
+  py::gil_scoped_release release;
+  attend::scaled_dot_product_attention_into(q.view, k.view, v.view, o.view, nullptr, options);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) {
+    attend::scaled_dot_product_attention_into(q.view, k.view, v.view, o.view, nullptr, options);
+  }
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count() / calls;
+}
+
+// Same for the forward with log-sum-exp plus the backward, into preallocated gradients.
+double cpp_sdpa_forward_backward_seconds(py::handle query, py::handle key, py::handle value,
+                                         py::handle grad_output, bool causal, int calls,
+                                         int num_threads) {
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed d_o = borrow(grad_output, "grad_output");
+  attend::AttentionOptions options;
+  options.causal = causal;
+  options.causal_alignment = attend::CausalAlignment::kTopLeft;
+  options.num_threads = resolve_num_threads(num_threads);
+  options.need_logsumexp = true;
+  py::gil_scoped_release release;
+  attend::AttentionResult forward =
+      attend::scaled_dot_product_attention(q.view, k.view, v.view, options);
+  attend::Tensor dq(q.view.dtype, q.view.shape), dk(k.view.dtype, k.view.shape),
+      dv(v.view.dtype, v.view.shape);
+  const attend::AttentionGradientViews gradients{dq.view(), dk.view(), dv.view(), {}, {}};
+  attend::AttentionOutputViews outputs{forward.output.view(), std::nullopt,
+                                       forward.logsumexp.view()};
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) {
+    attend::scaled_dot_product_attention_into(q.view, k.view, v.view, outputs, options);
+    attend::scaled_dot_product_attention_backward_into(
+        d_o.view, q.view, k.view, v.view, forward.output.view(), forward.logsumexp.view(),
+        gradients, options);
+  }
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  return elapsed.count() / calls;
+}
+
+}  // namespace
+
+int resolve_num_threads(int requested) {
+  if (requested > 0) return requested;
+  const int set = g_num_threads.load(std::memory_order_relaxed);
+  return set > 0 ? set : default_num_threads();
+}
+
+}  // namespace attend_python
+
+PYBIND11_MODULE(_attend, m) {
+  namespace py = pybind11;
+  using namespace attend_python;
+  m.doc() = "attend's C++ library; use the attend package, not this module";
+
+  g_error = PyErr_NewException("attend.Error", PyExc_ValueError, nullptr);
+  const py::tuple dtype_bases = py::make_tuple(py::handle(g_error), py::handle(PyExc_TypeError));
+  g_dtype_error = PyErr_NewException("attend.DTypeError", dtype_bases.ptr(), nullptr);
+  m.attr("Error") = py::handle(g_error);
+  m.attr("DTypeError") = py::handle(g_dtype_error);
+  // attend::Error keeps its message; one about a dtype (or an argument that is no array) is a
+  // TypeError, every other a ValueError.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const ArgumentTypeError& e) {
+      PyErr_SetString(g_dtype_error, e.what());
+    } catch (const attend::Error& e) {
+      const bool about_dtype = std::string(e.what()).find("dtype") != std::string::npos;
+      PyErr_SetString(about_dtype ? g_dtype_error : g_error, e.what());
+    }
+  });
+
+  m.def("version", &attend::version);
+  m.def("compiled_simd_targets", &attend::compiled_simd_targets);
+  m.def("supported_simd_targets", &attend::supported_simd_targets);
+  m.def("active_simd_target", &attend::active_simd_target);
+  m.def("set_max_simd_target", &attend::set_max_simd_target);
+  m.def("set_num_threads", &set_num_threads);
+  m.def("get_num_threads", [] { return resolve_num_threads(0); });
+  m.def("cpp_sdpa_seconds", &cpp_sdpa_seconds);
+  m.def("cpp_sdpa_forward_backward_seconds", &cpp_sdpa_forward_backward_seconds);
+  bind_sdpa(m);
+  bind_modules(m);
+}
