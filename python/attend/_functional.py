@@ -9,7 +9,11 @@ import numpy as np
 
 from . import _attend
 
-_FLAGS_TOP_LEFT = _attend.FLAG_TOP_LEFT
+_sdpa = _attend.sdpa
+_TOP_LEFT = _attend.FLAG_TOP_LEFT
+_CAUSAL = _attend.FLAG_CAUSAL
+_NEED_WEIGHTS = _attend.FLAG_NEED_WEIGHTS
+_UNLESS_GRAD_NEEDED = _attend.FLAG_UNLESS_GRAD_NEEDED
 _ALIGNMENTS = {"top_left": _attend.FLAG_TOP_LEFT, "bottom_right": 0}
 _MASKED_ROWS = {"uniform": 0, "zero": _attend.FLAG_ZERO_MASKED_ROWS}
 _BACKENDS = {"auto": 0, "fused": _attend.FLAG_BACKEND_FUSED,
@@ -96,33 +100,53 @@ def _rules(window, alibi, softcap, sinks, segment_ids, prefix):
     return (left, right, alibi, sinks, segment_query, segment_key, int(prefix), softcap)
 
 
-def _requires_grad(*arrays):
-    tensor_type = _torch_tensor_type()
-    if tensor_type is None:
-        return False
-    import torch
-    if not torch.is_grad_enabled():
-        return False
-    return any(isinstance(a, tensor_type) and a.requires_grad for a in arrays)
-
-
 def _call(query, key, value, mask, bias, rules, sinks, scale, dropout, seed, flags,
           num_threads, out):
     """One attend call: (output, weights or None). Differentiable when a torch input requires
-    grad (query, key, value, bias, sinks)."""
-    if _requires_grad(query, key, value, bias, sinks):
-        if out is not None:
-            raise _attend.Error(
-                "out: cannot write into caller memory while computing gradients; drop out= or "
-                "call under torch.no_grad()")
-        from . import _autograd
-        return _autograd.sdpa(query, key, value, mask, bias, rules, sinks, scale, dropout,
-                              seed, flags, num_threads)
-    if out is not None and getattr(out, "requires_grad", False):
-        raise _attend.Error("out: a tensor that requires grad cannot be written in place")
-    output, weights, _ = _attend.sdpa(query, key, value, mask, bias, rules, scale, dropout,
-                                      seed, flags, num_threads, out)
-    return output, weights
+    grad (query, key, value, bias, sinks) in grad mode."""
+    result = _sdpa(query, key, value, mask, bias, rules, scale, dropout, seed,
+                   flags | _UNLESS_GRAD_NEEDED, num_threads, out)
+    if result is NotImplemented:
+        return _differentiable(query, key, value, mask, bias, rules, sinks, scale, dropout, seed,
+                               flags, num_threads, out)
+    if flags & _NEED_WEIGHTS:
+        return result[0], result[1]
+    return result, None
+
+
+def _differentiable(query, key, value, mask, bias, rules, sinks, scale, dropout, seed, flags,
+                    num_threads, out):
+    if out is not None:
+        raise _attend.Error(
+            "out: cannot write into caller memory while computing gradients; drop out= or "
+            "call under torch.no_grad()")
+    from . import _autograd
+    return _autograd.sdpa(query, key, value, mask, bias, rules, sinks, scale, dropout, seed,
+                          flags, num_threads)
+
+
+def _split_attn_mask(attn_mask, is_causal):
+    """PyTorch's attn_mask as attend's (mask, bias)."""
+    if is_causal:
+        raise _attend.Error(
+            "attn_mask and is_causal=True were both given; PyTorch refuses this too. For "
+            "causal attention with a mask pass window=(None, 0) with the mask")
+    kind = _dtype_kind(attn_mask, "attn_mask")
+    if kind == "bool":
+        return attn_mask, None
+    if kind == "float":
+        return None, attn_mask
+    raise _attend.DTypeError(
+        f"attn_mask: dtype {attn_mask.dtype} is neither bool (True: the key takes part) nor "
+        "floating point (added to the scores)")
+
+
+def _rare_flags(return_weights, enable_gqa, fully_masked_rows, backend):
+    flags = _NEED_WEIGHTS if return_weights else 0
+    if enable_gqa:
+        flags |= _attend.FLAG_GROUPED_QUERY
+    return flags | _option(_MASKED_ROWS, fully_masked_rows, "fully_masked_rows") | \
+        _option(_BACKENDS, backend, "backend")
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -168,38 +192,29 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     With torch tensors that require grad, the result is differentiable (query, key, value,
     a float attn_mask and sinks) through attend's fused backward; the weights are not.
     """
-    mask = bias = None
-    if attn_mask is not None:
-        if is_causal:
-            raise _attend.Error(
-                "attn_mask and is_causal=True were both given; PyTorch refuses this too. For "
-                "causal attention with a mask pass window=(None, 0) with the mask")
-        kind = _dtype_kind(attn_mask, "attn_mask")
-        if kind == "bool":
-            mask = attn_mask
-        elif kind == "float":
-            bias = attn_mask
-        else:
-            raise _attend.DTypeError(
-                f"attn_mask: dtype {attn_mask.dtype} is neither bool (True: the key takes "
-                "part) nor floating point (added to the scores)")
-    flags = _option(_ALIGNMENTS, causal_alignment, "causal_alignment")
+    # The common call (no extras) stays on a short path: Python's share of a small call's
+    # overhead is most of it.
+    flags = _TOP_LEFT if causal_alignment == "top_left" else \
+        _option(_ALIGNMENTS, causal_alignment, "causal_alignment")
     if is_causal:
-        flags |= _attend.FLAG_CAUSAL
-    if return_weights:
-        flags |= _attend.FLAG_NEED_WEIGHTS
-    if enable_gqa:
-        flags |= _attend.FLAG_GROUPED_QUERY
-    if fully_masked_rows != "uniform":
-        flags |= _option(_MASKED_ROWS, fully_masked_rows, "fully_masked_rows")
-    if backend != "auto":
-        flags |= _option(_BACKENDS, backend, "backend")
+        flags |= _CAUSAL
+    if return_weights or enable_gqa or fully_masked_rows != "uniform" or backend != "auto":
+        flags |= _rare_flags(return_weights, enable_gqa, fully_masked_rows, backend)
+    mask = bias = rules = None
+    if attn_mask is not None:
+        mask, bias = _split_attn_mask(attn_mask, is_causal)
     if dropout_p and seed is None:
         seed = _draw_seed(query)
-    rules = _rules(window, alibi, softcap, sinks, segment_ids, prefix)
-    output, weights = _call(query, key, value, mask, bias, rules, sinks, scale, dropout_p,
-                            seed or 0, flags, num_threads or 0, out)
-    return (output, weights) if return_weights else output
+    if window is not None or alibi is not None or softcap is not None or sinks is not None or \
+            segment_ids is not None or prefix:
+        rules = _rules(window, alibi, softcap, sinks, segment_ids, prefix)
+    result = _sdpa(query, key, value, mask, bias, rules, scale, dropout_p, seed or 0,
+                   flags | _UNLESS_GRAD_NEEDED, num_threads or 0, out)
+    if result is NotImplemented:  # a torch input requires grad
+        output, weights = _differentiable(query, key, value, mask, bias, rules, sinks, scale,
+                                          dropout_p, seed or 0, flags, num_threads or 0, out)
+        return (output, weights) if return_weights else output
+    return result[:2] if return_weights else result
 
 
 def attention(query, key, value, mask=None, dropout=0.0, seed=None, *, num_threads=None):

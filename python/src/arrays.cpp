@@ -7,6 +7,7 @@
 #include <array>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "dlpack.hpp"
 
@@ -18,30 +19,46 @@ using attend::Shape;
 
 std::string type_name(py::handle object) { return Py_TYPE(object.ptr())->tp_name; }
 
-// torch's DLPack converters and tensor type, looked up once torch has been imported by the
-// caller (attend never imports torch itself: a NumPy user does not pay for it).
+// torch's tensor type, dtypes and DLPack importer, looked up once the caller has imported
+// torch (attend never imports torch itself: a NumPy user does not pay for it). Never
+// destroyed: Python may be finalized before static destructors run.
 struct TorchApi {
   PyTypeObject* tensor_type = nullptr;
-  py::object to_dlpack, from_dlpack;
+  py::object from_dlpack;
+  std::vector<std::pair<py::object, DType>> dtypes;  // torch.float32 -> kFloat32, ...
+  py::object is_cpu, data_ptr, shape, stride, dtype, device, requires_grad;  // interned names
+  py::object is_grad_enabled;
 };
 
 const TorchApi* torch_api() {
-  static auto* api = new TorchApi;  // never destroyed, as Python may be finalized first
-  static bool ready = false;
-  if (ready) return api;
+  static TorchApi* api = nullptr;
+  if (api != nullptr) return api;
   PyObject* torch = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
   if (torch == nullptr) return nullptr;
   py::handle module(torch);
   if (!py::hasattr(module, "Tensor") || !py::hasattr(module, "utils")) return nullptr;
-  py::object dlpack = py::module_::import("torch.utils.dlpack");
-  api->tensor_type = reinterpret_cast<PyTypeObject*>(module.attr("Tensor").ptr());
-  api->to_dlpack = dlpack.attr("to_dlpack");  // torch._C._to_dlpack, a C function
+  auto* a = new TorchApi;
+  a->tensor_type = reinterpret_cast<PyTypeObject*>(module.attr("Tensor").ptr());
   // torch._C._from_dlpack takes the capsule directly; torch.utils.dlpack.from_dlpack wraps it
   // in Python-level checks that cost more than the rest of a small call.
   py::object c_module = module.attr("_C");
-  api->from_dlpack = py::hasattr(c_module, "_from_dlpack") ? c_module.attr("_from_dlpack")
-                                                           : dlpack.attr("from_dlpack");
-  ready = true;
+  a->from_dlpack = py::hasattr(c_module, "_from_dlpack")
+                       ? c_module.attr("_from_dlpack")
+                       : py::module_::import("torch.utils.dlpack").attr("from_dlpack");
+  const std::pair<const char*, DType> names[] = {
+      {"float32", DType::kFloat32}, {"float16", DType::kFloat16}, {"bfloat16", DType::kBFloat16},
+      {"float64", DType::kFloat64}, {"bool", DType::kBool},       {"int8", DType::kInt8},
+      {"int16", DType::kInt16},     {"int32", DType::kInt32},     {"int64", DType::kInt64},
+      {"uint8", DType::kUInt8}};
+  for (const auto& [name, dtype] : names) a->dtypes.emplace_back(module.attr(name), dtype);
+  for (auto [field, name] : {std::pair{&a->is_cpu, "is_cpu"}, std::pair{&a->data_ptr, "data_ptr"},
+                             std::pair{&a->shape, "shape"}, std::pair{&a->stride, "stride"},
+                             std::pair{&a->dtype, "dtype"}, std::pair{&a->device, "device"},
+                             std::pair{&a->requires_grad, "requires_grad"}}) {
+    *field = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
+  }
+  a->is_grad_enabled = module.attr("is_grad_enabled");
+  api = a;
   return api;
 }
 
@@ -188,6 +205,54 @@ attend::TensorView view_of_capsule(py::handle capsule, const char* name) {
   return attend::TensorView(static_cast<char*>(t.data) + t.byte_offset, dtype, shape, strides);
 }
 
+// A torch tensor read through data_ptr(), shape, stride() and dtype: the fields its DLPack
+// export carries, without the as_strided view torch.utils.dlpack.to_dlpack makes per call
+// (0.45 us per tensor, most of the overhead budget of a small call).
+attend::TensorView view_of_torch(py::handle tensor, const TorchApi& torch, const char* name) {
+  const auto get = [&](const py::object& attribute) {
+    PyObject* value = PyObject_GetAttr(tensor.ptr(), attribute.ptr());
+    if (value == nullptr) {
+      throw attend::Error(std::string(name) + ": this tensor cannot be read in place (" +
+                          take_python_error() + ")");
+    }
+    return py::reinterpret_steal<py::object>(value);
+  };
+  const auto call = [&](const py::object& method) {
+    PyObject* value = PyObject_CallMethodNoArgs(tensor.ptr(), method.ptr());
+    if (value == nullptr) {
+      throw attend::Error(std::string(name) + ": this tensor cannot be read in place (" +
+                          take_python_error() + ")");
+    }
+    return py::reinterpret_steal<py::object>(value);
+  };
+  if (get(torch.is_cpu).ptr() != Py_True) {
+    throw attend::Error(std::string(name) + ": a tensor on " +
+                        std::string(py::str(get(torch.device))) +
+                        "; attend computes on the CPU (move it there first, e.g. tensor.cpu())");
+  }
+  const py::object dtype_object = get(torch.dtype);
+  std::optional<DType> dtype;
+  for (const auto& [candidate, d] : torch.dtypes) {
+    if (candidate.ptr() == dtype_object.ptr()) dtype = d;
+  }
+  if (!dtype) {
+    throw ArgumentTypeError(std::string(name) + ": dtype " + std::string(py::str(dtype_object)) +
+                            " is not supported; attend reads float16/32/64, bfloat16, bool and "
+                            "integer tensors");
+  }
+  const py::object strides_object = call(torch.stride);  // raises for sparse layouts
+  const py::object shape_object = get(torch.shape);
+  const Py_ssize_t rank = PyTuple_GET_SIZE(shape_object.ptr());
+  check_rank(static_cast<int>(rank), name);
+  Shape shape, strides;
+  for (Py_ssize_t d = 0; d < rank; ++d) {
+    shape.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape_object.ptr(), d)));
+    strides.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(strides_object.ptr(), d)));
+  }
+  void* data = PyLong_AsVoidPtr(call(torch.data_ptr).ptr());
+  return attend::TensorView(data, *dtype, shape, strides);
+}
+
 // A DLManagedTensor that owns an attend::Tensor: what a torch result is made from.
 struct ExportedTensor {
   DLManagedTensor managed{};
@@ -244,7 +309,7 @@ py::dtype numpy_dtype(DType dtype) {
 Borrowed::Borrowed(Borrowed&& other) noexcept
     : view(other.view),
       kind(other.kind),
-      capsule_(std::move(other.capsule_)),
+      owner_(std::move(other.owner_)),
       buffer_(other.buffer_),
       has_buffer_(std::exchange(other.has_buffer_, false)) {}
 
@@ -253,7 +318,7 @@ Borrowed& Borrowed::operator=(Borrowed&& other) noexcept {
     release();
     view = other.view;
     kind = other.kind;
-    capsule_ = std::move(other.capsule_);
+    owner_ = std::move(other.owner_);
     buffer_ = other.buffer_;
     has_buffer_ = std::exchange(other.has_buffer_, false);
   }
@@ -267,7 +332,7 @@ void Borrowed::release() {
     PyBuffer_Release(&buffer_);
     has_buffer_ = false;
   }
-  capsule_ = py::object();
+  owner_ = py::object();
 }
 
 Borrowed borrow(py::handle object, const char* name, bool writable) {
@@ -276,13 +341,8 @@ Borrowed borrow(py::handle object, const char* name, bool writable) {
   const TorchApi* torch = torch_api();
   if (torch != nullptr && PyObject_TypeCheck(o, torch->tensor_type)) {
     b.kind = Kind::kTorch;
-    PyObject* capsule = PyObject_CallOneArg(torch->to_dlpack.ptr(), o);
-    if (capsule == nullptr) {
-      throw attend::Error(std::string(name) + ": this tensor cannot be read in place (" +
-                          take_python_error() + ")");
-    }
-    b.capsule_ = py::reinterpret_steal<py::object>(capsule);
-    b.view = view_of_capsule(b.capsule_, name);
+    b.view = view_of_torch(object, *torch, name);
+    b.owner_ = py::reinterpret_borrow<py::object>(object);
     return b;
   }
   if (PyObject_CheckBuffer(o)) {
@@ -319,8 +379,8 @@ Borrowed borrow(py::handle object, const char* name, bool writable) {
       const auto device = object.attr("__dlpack_device__")().cast<std::pair<int, int>>();
       check_cpu({device.first, device.second}, name);
     }
-    b.capsule_ = object.attr("__dlpack__")();
-    b.view = view_of_capsule(b.capsule_, name);
+    b.owner_ = object.attr("__dlpack__")();
+    b.view = view_of_capsule(b.owner_, name);
     return b;
   }
   throw ArgumentTypeError(std::string(name) +
@@ -388,6 +448,20 @@ py::object to_python_or_none(attend::Tensor&& tensor, Kind kind,
                              const std::optional<Shape>& shape) {
   if (tensor.empty()) return py::none();
   return to_python(std::move(tensor), kind, shape);
+}
+
+bool requires_grad(py::handle tensor) {
+  PyObject* value = PyObject_GetAttr(tensor.ptr(), torch_api()->requires_grad.ptr());
+  if (value == nullptr) throw py::error_already_set();
+  Py_DECREF(value);
+  return value == Py_True;
+}
+
+bool torch_grad_enabled() {
+  PyObject* value = PyObject_CallNoArgs(torch_api()->is_grad_enabled.ptr());
+  if (value == nullptr) throw py::error_already_set();
+  Py_DECREF(value);
+  return value == Py_True;
 }
 
 py::object numpy_view(const attend::TensorView& view, py::handle owner) {

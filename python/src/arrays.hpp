@@ -2,11 +2,12 @@
 // handed back to Python, both without copying.
 //
 // In: a NumPy array (or anything with the buffer protocol) through PEP 3118 buffers; a torch
-// tensor through DLPack (torch.utils.dlpack.to_dlpack); any other object through its
-// __dlpack__. Shapes and strides are taken as they are: a transposed or sliced array is a
-// strided view, as the C++ views are. Out: the result's memory is owned by the returned
-// array (a NumPy array whose base holds the attend::Tensor, or a torch tensor made by
-// torch's from_dlpack), of the caller's kind: torch tensors in give torch tensors out.
+// tensor through data_ptr(), shape, stride() and dtype (what its DLPack export holds, read
+// without making the export); any other object through its __dlpack__ capsule. Shapes and strides
+// are taken as they are: a transposed or sliced array is a strided view, as the C++ views are. Out:
+// the result's memory is owned by the returned array (a NumPy array whose base holds the
+// attend::Tensor, or a torch tensor made by torch's from_dlpack), of the caller's kind: torch
+// tensors in give torch tensors out.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -43,11 +44,13 @@ class Borrowed {
 
   attend::TensorView view;
   Kind kind = Kind::kNumpy;
+  // The array itself for a torch tensor (else None).
+  py::handle object() const { return kind == Kind::kTorch ? py::handle(owner_) : py::none(); }
 
  private:
   friend Borrowed borrow(py::handle object, const char* name, bool writable);
   void release();
-  py::object capsule_;  // DLPack: the memory lives while the capsule does
+  py::object owner_;  // the array itself (torch), or the DLPack capsule
   Py_buffer buffer_{};
   bool has_buffer_ = false;
 };
@@ -67,6 +70,10 @@ py::object to_python(attend::Tensor&& tensor, Kind kind,
 // An empty tensor gives None.
 py::object to_python_or_none(attend::Tensor&& tensor, Kind kind,
                              const std::optional<attend::Shape>& shape = std::nullopt);
+
+// torch: tensor.requires_grad, and torch.is_grad_enabled() (torch must be loaded).
+bool requires_grad(py::handle tensor);
+bool torch_grad_enabled();
 
 // A view of memory owned by `owner` (a parameter of a module) as a writable NumPy array that
 // keeps `owner` alive.

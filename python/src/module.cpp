@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "arrays.hpp"
@@ -49,21 +50,29 @@ void set_num_threads(int n) {
 }
 
 // Seconds per call of the C++ API itself on borrowed arrays (no Python in the loop): the
-// baseline the Python call's overhead is measured against.
+// baseline of the Python call's overhead. With `out` None the call allocates its output
+// (attend::scaled_dot_product_attention), else writes into `out` (..._into).
 double cpp_sdpa_seconds(py::handle query, py::handle key, py::handle value, py::handle out,
                         bool causal, int calls, int num_threads) {
   const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
-  const Borrowed o = borrow(out, "out", true);
+  const std::optional<Borrowed> o =
+      out.is_none() ? std::nullopt : std::optional<Borrowed>(borrow(out, "out", true));
   attend::AttentionOptions options;
   options.causal = causal;
   options.causal_alignment = attend::CausalAlignment::kTopLeft;
   options.num_threads = resolve_num_threads(num_threads);
   py::gil_scoped_release release;
-  attend::scaled_dot_product_attention_into(q.view, k.view, v.view, o.view, nullptr, options);
+  const auto call = [&] {
+    if (o) {
+      attend::scaled_dot_product_attention_into(q.view, k.view, v.view, o->view, nullptr, options);
+    } else {
+      attend::AttentionResult result =
+          attend::scaled_dot_product_attention(q.view, k.view, v.view, options);
+    }
+  };
+  call();
   const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < calls; ++i) {
-    attend::scaled_dot_product_attention_into(q.view, k.view, v.view, o.view, nullptr, options);
-  }
+  for (int i = 0; i < calls; ++i) call();
   const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
   return elapsed.count() / calls;
 }
@@ -100,6 +109,26 @@ double cpp_sdpa_forward_backward_seconds(py::handle query, py::handle key, py::h
 
 }  // namespace
 
+void set_python_error(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const ArgumentTypeError& e) {
+    PyErr_SetString(g_dtype_error, e.what());
+  } catch (const attend::Error& e) {
+    // A message about a dtype is a TypeError; every other a ValueError.
+    const bool about_dtype = std::string(e.what()).find("dtype") != std::string::npos;
+    PyErr_SetString(about_dtype ? g_dtype_error : g_error, e.what());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+}
+
 int resolve_num_threads(int requested) {
   if (requested > 0) return requested;
   const int set = g_num_threads.load(std::memory_order_relaxed);
@@ -118,16 +147,12 @@ PYBIND11_MODULE(_attend, m) {
   g_dtype_error = PyErr_NewException("attend.DTypeError", dtype_bases.ptr(), nullptr);
   m.attr("Error") = py::handle(g_error);
   m.attr("DTypeError") = py::handle(g_dtype_error);
-  // attend::Error keeps its message; one about a dtype (or an argument that is no array) is a
-  // TypeError, every other a ValueError.
+  // attend::Error keeps its message (set_python_error).
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const ArgumentTypeError& e) {
-      PyErr_SetString(g_dtype_error, e.what());
-    } catch (const attend::Error& e) {
-      const bool about_dtype = std::string(e.what()).find("dtype") != std::string::npos;
-      PyErr_SetString(about_dtype ? g_dtype_error : g_error, e.what());
+    } catch (const attend::Error&) {
+      set_python_error(std::current_exception());
     }
   });
 

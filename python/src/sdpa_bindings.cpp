@@ -43,6 +43,9 @@ enum Flag : int {
   kGroupedQuery = 1 << 5,    // enable_gqa
   kBackendFused = 1 << 6,
   kBackendReference = 1 << 7,
+  // Return NotImplemented, computing nothing, when a torch input requires grad in grad mode:
+  // the caller then takes the differentiable path (attend/_autograd.py).
+  kUnlessGradNeeded = 1 << 8,
 };
 
 // Query heads per key/value head, for enable_gqa.
@@ -266,16 +269,31 @@ Tensor sum_over_axis(const Tensor& t, int axis, const Shape& shape) {
   return result;
 }
 
+// Whether a torch input that autograd would differentiate (query, key, value, bias, sinks)
+// requires grad while grad mode is on.
+bool grad_needed(const Call& call) {
+  bool any = false;
+  for (const Borrowed* b : {&call.query, &call.key, &call.value, call.bias ? &*call.bias : nullptr,
+                            call.sinks ? &*call.sinks : nullptr}) {
+    if (b != nullptr && b->kind == Kind::kTorch && requires_grad(b->object())) any = true;
+  }
+  return any && torch_grad_enabled();
+}
+
 }  // namespace
 
 // sdpa(query, key, value, mask, bias, rules, scale, dropout, seed, flags, num_threads, out)
-// -> (output, weights or None, logsumexp or None). `out`, when not None, receives the output
-// (any strides) and is returned as it is.
-py::tuple sdpa(py::handle query, py::handle key, py::handle value, py::handle mask, py::handle bias,
-               py::handle rules, py::handle scale, double dropout, uint64_t seed, int flags,
-               int num_threads, py::handle out) {
+// -> (output, weights or None, logsumexp or None) when weights or logsumexp are asked for,
+// else the output alone (or NotImplemented, see kUnlessGradNeeded). `out`, when not None,
+// receives the output (any strides) and is returned as it is.
+py::object sdpa(py::handle query, py::handle key, py::handle value, py::handle mask,
+                py::handle bias, py::handle rules, py::handle scale, double dropout, uint64_t seed,
+                int flags, int num_threads, py::handle out) {
   Call call =
       parse_call(query, key, value, mask, bias, rules, scale, dropout, seed, flags, num_threads);
+  if ((flags & kUnlessGradNeeded) && grad_needed(call)) {
+    return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+  }
   const ResultShapes shapes = result_shapes(call);
   const Grouping& g = call.grouping;
   const Kind kind = call.kind();
@@ -284,6 +302,9 @@ py::tuple sdpa(py::handle query, py::handle key, py::handle value, py::handle ma
   attend::AttentionOutputViews views;
   if (!out.is_none()) {
     out_view = borrow(out, "out", /*writable=*/true);
+    if (out_view->kind == Kind::kTorch && requires_grad(out)) {
+      throw attend::Error("out: a tensor that requires grad cannot be written in place");
+    }
     views.output = g.active() ? split_heads(out_view->view, 2, g, false, "out") : out_view->view;
   } else {
     output = Tensor(call.q.dtype, shapes.output);
@@ -303,6 +324,7 @@ py::tuple sdpa(py::handle query, py::handle key, py::handle value, py::handle ma
   }
   py::object result_output =
       out_view ? py::reinterpret_borrow<py::object>(out) : to_python(std::move(output), kind);
+  if (!(flags & (kNeedWeights | kNeedLogsumexp))) return result_output;
   return py::make_tuple(result_output, to_python_or_none(std::move(weights), kind),
                         to_python_or_none(std::move(logsumexp), kind));
 }
@@ -363,8 +385,38 @@ py::tuple sdpa_backward(py::handle grad_output, py::handle query, py::handle key
                         to_python_or_none(std::move(dsinks), kind));
 }
 
+namespace {
+
+// sdpa as a METH_FASTCALL function: pybind11's dispatcher costs about 0.5 us for twelve
+// arguments, a sixth of the overhead budget of a small call.
+PyObject* sdpa_fastcall(PyObject*, PyObject* const* args, Py_ssize_t count) {
+  try {
+    if (count != 12) throw attend::Error("internal: sdpa takes 12 arguments");
+    const double dropout = PyFloat_AsDouble(args[7]);
+    const uint64_t seed = PyLong_AsUnsignedLongLong(args[8]);
+    const long flags = PyLong_AsLong(args[9]);
+    const long num_threads = PyLong_AsLong(args[10]);
+    if (PyErr_Occurred()) throw py::error_already_set();
+    py::object result =
+        sdpa(args[0], args[1], args[2], args[3], args[4], args[5], args[6], dropout, seed,
+             static_cast<int>(flags), static_cast<int>(num_threads), args[11]);
+    return result.release().ptr();
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+}
+
+PyMethodDef sdpa_method = {
+    "sdpa", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(sdpa_fastcall)),
+    METH_FASTCALL,
+    "sdpa(query, key, value, mask, bias, rules, scale, dropout, seed, "
+    "flags, num_threads, out): see sdpa_bindings.cpp"};
+
+}  // namespace
+
 void bind_sdpa(py::module_& m) {
-  m.def("sdpa", &sdpa, "see sdpa_bindings.cpp");
+  m.attr("sdpa") = py::reinterpret_steal<py::object>(PyCFunction_New(&sdpa_method, nullptr));
   m.def("sdpa_backward", &sdpa_backward, "see sdpa_bindings.cpp");
   m.attr("FLAG_CAUSAL") = int{kCausal};
   m.attr("FLAG_TOP_LEFT") = int{kTopLeft};
@@ -374,6 +426,7 @@ void bind_sdpa(py::module_& m) {
   m.attr("FLAG_GROUPED_QUERY") = int{kGroupedQuery};
   m.attr("FLAG_BACKEND_FUSED") = int{kBackendFused};
   m.attr("FLAG_BACKEND_REFERENCE") = int{kBackendReference};
+  m.attr("FLAG_UNLESS_GRAD_NEEDED") = int{kUnlessGradNeeded};
 }
 
 }  // namespace attend_python
