@@ -90,13 +90,13 @@ def _segment_ids(segment_ids):
 
 def _rules(window, alibi, softcap, sinks, segment_ids, prefix):
     """The tuple attend._attend.sdpa reads for the score rules, or None when there are none."""
-    if window is None and not alibi and softcap is None and sinks is None and \
+    if alibi is False:
+        alibi = None
+    if window is None and alibi is None and softcap is None and sinks is None and \
             segment_ids is None and not prefix:
         return None
     left, right = _window(window)
     segment_query, segment_key = _segment_ids(segment_ids)
-    if alibi is False:
-        alibi = None
     return (left, right, alibi, sinks, segment_query, segment_key, int(prefix), softcap)
 
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "arrays.hpp"
 #include "attend/error.hpp"
@@ -163,6 +164,16 @@ PYBIND11_MODULE(_attend, m) {
   m.def("set_max_simd_target", &attend::set_max_simd_target);
   m.def("set_num_threads", &set_num_threads);
   m.def("get_num_threads", [] { return resolve_num_threads(0); });
+  // How attend sees an array: (address, shape, strides in elements, dtype, "numpy" or
+  // "torch"); the tests check it is the caller's memory, read in place.
+  m.def("view_of", [](py::handle array, bool writable) {
+    const Borrowed b = borrow(array, "array", writable);
+    std::vector<int64_t> shape(b.view.shape.data(), b.view.shape.data() + b.view.rank());
+    std::vector<int64_t> strides(b.view.strides.data(), b.view.strides.data() + b.view.rank());
+    return py::make_tuple(reinterpret_cast<uintptr_t>(b.view.data), shape, strides,
+                          attend::dtype_name(b.view.dtype),
+                          b.kind == Kind::kTorch ? "torch" : "numpy");
+  });
   m.def("cpp_sdpa_seconds", &cpp_sdpa_seconds);
   m.def("cpp_sdpa_forward_backward_seconds", &cpp_sdpa_forward_backward_seconds);
   bind_sdpa(m);

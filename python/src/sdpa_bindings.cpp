@@ -70,12 +70,12 @@ TensorView split_heads(const TensorView& t, int axis_from_end, const Grouping& g
     if (d != axis) {
       shape.push_back(t.shape[d]);
       strides.push_back(t.strides[d]);
-    } else if (heads == 1) {
-      shape.push_back(1), strides.push_back(0);
-      shape.push_back(1), strides.push_back(0);
     } else if (heads == expected) {
       shape.push_back(g.kv_heads), strides.push_back(shared ? stride : g.groups * stride);
       shape.push_back(g.groups), strides.push_back(shared ? 0 : stride);
+    } else if (heads == 1) {
+      shape.push_back(1), strides.push_back(0);
+      shape.push_back(1), strides.push_back(0);
     } else {
       throw attend::Error(std::string(name) + ": shape " + t.shape.str() + " has " +
                           std::to_string(heads) + " in the head dimension, expected " +
