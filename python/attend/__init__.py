@@ -14,12 +14,28 @@ wrong dtype or argument type, attend.DTypeError (also a TypeError), with attend'
 from ._attend import (DTypeError, Error, active_simd_target, compiled_simd_targets,
                       get_num_threads, set_max_simd_target, set_num_threads,
                       supported_simd_targets, version)
-from ._functional import attention, scaled_dot_product_attention
+from ._functional import attention
 from ._modules import (PatchEmbedding, PositionEmbedding, SpatialSelfAttention, TokenEmbedding,
                        add_positional_encoding, load_safetensors, save_safetensors,
                        sinusoidal_positional_encoding)
 
 __version__ = version()
+
+
+def _entry():
+    """attend.scaled_dot_product_attention: the C entry (PyTorch's arguments without Python
+    in the way) with the Python implementation's signature and docstring; it hands every call
+    it does not handle itself to that implementation."""
+    import inspect
+
+    from . import _attend, _functional
+    python = _functional.scaled_dot_product_attention
+    _attend.set_entry_doc(f"scaled_dot_product_attention{inspect.signature(python)}\n--\n\n"
+                          f"{inspect.getdoc(python)}")
+    return _attend.scaled_dot_product_attention
+
+
+scaled_dot_product_attention = _entry()
 
 __all__ = [
     "DTypeError", "Error", "MultiheadAttention", "PatchEmbedding", "PositionEmbedding",

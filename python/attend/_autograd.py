@@ -65,9 +65,9 @@ class _MultiheadAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, module, config, names, query, key, value, *parameters):
         padding, mask, causal, need_weights, average, dropout, seed, num_threads = config
-        output, weights, tape = module.forward(
-            query, key, value, padding, mask, causal, need_weights, average, dropout, seed,
-            num_threads, True)
+        output, weights, tape = _attend.multihead_forward(
+            module, query, key, value, padding, mask, causal, need_weights, average, dropout,
+            seed, num_threads, True)
         ctx.module, ctx.config, ctx.names, ctx.tape = module, config, names, tape
         ctx.save_for_backward(query, key, value)
         if weights is not None:

@@ -85,6 +85,10 @@ class MultiheadAttention(_Base):
         self.head_dim = embed_dim // num_heads
         self._views = self._cpp.parameters()  # state_dict name -> NumPy view of C++ memory
         self._names = list(self._views)
+        # (name, whether under out_proj, key in its _parameters, address of the C++ memory)
+        self._slots = [(name, name.startswith("out_proj."), name.rpartition(".")[2],
+                        view.__array_interface__["data"][0])
+                       for name, view in self._views.items()]
         if torch is not None:
             self._register_shared_parameters()
         else:
@@ -117,29 +121,32 @@ class MultiheadAttention(_Base):
 
     def _parameter(self, name):
         if name.startswith("out_proj."):
-            return getattr(self.out_proj, name[len("out_proj."):])
-        return getattr(self, name)
+            return self.out_proj._parameters[name[len("out_proj."):]]
+        return self._parameters[name]
 
     def _shared_parameters(self):
         """The nn.Parameters, in the order of self._names, each backed by the C++ memory. A
         parameter that was replaced (module.in_proj_weight = nn.Parameter(...)) or re-allocated
         is copied in and re-pointed at the C++ memory, so that it stays the one autograd and
         optimizers see."""
+        own, out_proj = self._parameters, self._modules["out_proj"]._parameters
         parameters = []
-        for name in self._names:
-            p = self._parameter(name)
-            view = self._views[name]
-            if p.data_ptr() != view.ctypes.data:
-                if p.device.type != "cpu" or p.dtype != torch.float32 or \
-                        tuple(p.shape) != view.shape:
-                    raise _attend.Error(
-                        f"MultiheadAttention: parameter '{name}' is {p.dtype} {tuple(p.shape)} "
-                        f"on {p.device}; attend computes with float32 {view.shape} on the CPU")
-                with torch.no_grad():
-                    view[...] = p.detach().numpy()
-                p.data = torch.from_numpy(view)
+        for name, in_out_proj, key, address in self._slots:
+            p = (out_proj if in_out_proj else own)[key]
+            if p.data_ptr() != address:
+                self._adopt(name, p)
             parameters.append(p)
         return parameters
+
+    def _adopt(self, name, p):
+        view = self._views[name]
+        if p.device.type != "cpu" or p.dtype != torch.float32 or tuple(p.shape) != view.shape:
+            raise _attend.Error(
+                f"MultiheadAttention: parameter '{name}' is {p.dtype} {tuple(p.shape)} on "
+                f"{p.device}; attend computes with float32 {view.shape} on the CPU")
+        with torch.no_grad():
+            view[...] = p.detach().numpy()
+        p.data = torch.from_numpy(view)
 
     def load_state_dict(self, state_dict, strict=True):
         """Copies a state_dict (NumPy arrays or torch tensors under PyTorch's names) into the
@@ -215,8 +222,11 @@ class MultiheadAttention(_Base):
             v = q if value is query else k if value is key else _swap_batch(value)
         else:
             q, k, v = query, key, value
-        padding_keep, padding_bias = _split_mask(key_padding_mask, "key_padding_mask")
-        attn_keep, attn_bias = _split_mask(attn_mask, "attn_mask")
+        if key_padding_mask is None and attn_mask is None:
+            padding_keep = padding_bias = attn_keep = attn_bias = None
+        else:
+            padding_keep, padding_bias = _split_mask(key_padding_mask, "key_padding_mask")
+            attn_keep, attn_bias = _split_mask(attn_mask, "attn_mask")
         causal = bool(is_causal) and attn_mask is None
         dropout = self.dropout if self.training else 0.0
         seed = _functional._draw_seed(query) if dropout else 0
@@ -235,10 +245,9 @@ class MultiheadAttention(_Base):
     def _forward_module(self, q, k, v, padding, mask, causal, need_weights, average, dropout,
                         seed):
         """The C++ module: one GEMM per distinct input, heads read through strides."""
-        config = (padding, mask, causal, need_weights, average, dropout, seed, 0)
         if torch is not None:
             parameters = self._shared_parameters()
-            if _is_torch(q) and torch.is_grad_enabled() and (
+            if torch.is_grad_enabled() and _is_torch(q) and (
                     q.requires_grad or k.requires_grad or v.requires_grad or
                     any(p.requires_grad for p in parameters)):
                 # The C++ module merges inputs that are one view (self-attention); tensors that
@@ -248,8 +257,11 @@ class MultiheadAttention(_Base):
                 if v is not q and v is not k and (_same_view(v, q) or _same_view(v, k)):
                     v = v.clone()
                 from . import _autograd
+                config = (padding, mask, causal, need_weights, average, dropout, seed, 0)
                 return _autograd.multihead(self._cpp, self._names, parameters, q, k, v, config)
-        output, weights, _ = self._cpp.forward(q, k, v, *config, False)
+        output, weights, _ = _attend.multihead_forward(
+            self._cpp, q, k, v, padding, mask, causal, need_weights, average, dropout, seed, 0,
+            False)
         return output, weights
 
     def _forward_composed(self, q, k, v, padding_keep, padding_bias, attn_keep, attn_bias,

@@ -28,6 +28,11 @@ struct TorchApi {
   std::vector<std::pair<py::object, DType>> dtypes;  // torch.float32 -> kFloat32, ...
   py::object is_cpu, data_ptr, shape, stride, dtype, device, requires_grad;  // interned names
   py::object is_grad_enabled;
+  // torch.Tensor and nn.Parameter override none of these: their descriptors on
+  // torch._C._TensorBase, used directly for those two types (no attribute lookup per read).
+  PyTypeObject* parameter_type = nullptr;
+  py::object base_is_cpu, base_shape, base_dtype, base_requires_grad;  // getset descriptors
+  py::object base_data_ptr, base_stride;                               // method descriptors
 };
 
 const TorchApi* torch_api() {
@@ -58,6 +63,15 @@ const TorchApi* torch_api() {
     *field = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
   }
   a->is_grad_enabled = module.attr("is_grad_enabled");
+  a->parameter_type =
+      reinterpret_cast<PyTypeObject*>(module.attr("nn").attr("parameter").attr("Parameter").ptr());
+  const py::dict base = c_module.attr("_TensorBase").attr("__dict__");
+  a->base_is_cpu = base["is_cpu"];
+  a->base_shape = base["shape"];
+  a->base_dtype = base["dtype"];
+  a->base_requires_grad = base["requires_grad"];
+  a->base_data_ptr = base["data_ptr"];
+  a->base_stride = base["stride"];
   api = a;
   return api;
 }
@@ -208,29 +222,54 @@ attend::TensorView view_of_capsule(py::handle capsule, const char* name) {
 // A torch tensor read through data_ptr(), shape, stride() and dtype: the fields its DLPack
 // export carries, without the as_strided view torch.utils.dlpack.to_dlpack makes per call
 // (0.45 us per tensor, most of the overhead budget of a small call).
+// A getset attribute or a no-argument method of a torch tensor: through torch._C._TensorBase's
+// descriptor for torch.Tensor and nn.Parameter, by name for subclasses (which may override).
+py::object tensor_attribute(py::handle tensor, const TorchApi& torch, const py::object& name,
+                            const py::object& descriptor) {
+  PyTypeObject* type = Py_TYPE(tensor.ptr());
+  PyObject* value;
+  if (type == torch.tensor_type || type == torch.parameter_type) {
+    value = Py_TYPE(descriptor.ptr())
+                ->tp_descr_get(descriptor.ptr(), tensor.ptr(), reinterpret_cast<PyObject*>(type));
+  } else {
+    value = PyObject_GetAttr(tensor.ptr(), name.ptr());
+  }
+  if (value == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(value);
+}
+
+py::object tensor_method(py::handle tensor, const TorchApi& torch, const py::object& name,
+                         const py::object& descriptor) {
+  PyTypeObject* type = Py_TYPE(tensor.ptr());
+  PyObject* self = tensor.ptr();
+  PyObject* value = type == torch.tensor_type || type == torch.parameter_type
+                        ? PyObject_Vectorcall(descriptor.ptr(), &self, 1, nullptr)
+                        : PyObject_CallMethodNoArgs(self, name.ptr());
+  if (value == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(value);
+}
+
 attend::TensorView view_of_torch(py::handle tensor, const TorchApi& torch, const char* name) {
-  const auto get = [&](const py::object& attribute) {
-    PyObject* value = PyObject_GetAttr(tensor.ptr(), attribute.ptr());
-    if (value == nullptr) {
+  const auto guarded = [&](auto read) {
+    try {
+      return read();
+    } catch (py::error_already_set& error) {
       throw attend::Error(std::string(name) + ": this tensor cannot be read in place (" +
-                          take_python_error() + ")");
+                          error.what() + ")");
     }
-    return py::reinterpret_steal<py::object>(value);
   };
-  const auto call = [&](const py::object& method) {
-    PyObject* value = PyObject_CallMethodNoArgs(tensor.ptr(), method.ptr());
-    if (value == nullptr) {
-      throw attend::Error(std::string(name) + ": this tensor cannot be read in place (" +
-                          take_python_error() + ")");
-    }
-    return py::reinterpret_steal<py::object>(value);
+  const auto get = [&](const py::object& attribute, const py::object& descriptor) {
+    return guarded([&] { return tensor_attribute(tensor, torch, attribute, descriptor); });
   };
-  if (get(torch.is_cpu).ptr() != Py_True) {
+  const auto call = [&](const py::object& method, const py::object& descriptor) {
+    return guarded([&] { return tensor_method(tensor, torch, method, descriptor); });
+  };
+  if (get(torch.is_cpu, torch.base_is_cpu).ptr() != Py_True) {
     throw attend::Error(std::string(name) + ": a tensor on " +
-                        std::string(py::str(get(torch.device))) +
+                        std::string(py::str(tensor.attr(torch.device))) +
                         "; attend computes on the CPU (move it there first, e.g. tensor.cpu())");
   }
-  const py::object dtype_object = get(torch.dtype);
+  const py::object dtype_object = get(torch.dtype, torch.base_dtype);
   std::optional<DType> dtype;
   for (const auto& [candidate, d] : torch.dtypes) {
     if (candidate.ptr() == dtype_object.ptr()) dtype = d;
@@ -240,8 +279,8 @@ attend::TensorView view_of_torch(py::handle tensor, const TorchApi& torch, const
                             " is not supported; attend reads float16/32/64, bfloat16, bool and "
                             "integer tensors");
   }
-  const py::object strides_object = call(torch.stride);  // raises for sparse layouts
-  const py::object shape_object = get(torch.shape);
+  const py::object strides_object = call(torch.stride, torch.base_stride);  // not sparse
+  const py::object shape_object = get(torch.shape, torch.base_shape);
   const Py_ssize_t rank = PyTuple_GET_SIZE(shape_object.ptr());
   check_rank(static_cast<int>(rank), name);
   Shape shape, strides;
@@ -249,7 +288,7 @@ attend::TensorView view_of_torch(py::handle tensor, const TorchApi& torch, const
     shape.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape_object.ptr(), d)));
     strides.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(strides_object.ptr(), d)));
   }
-  void* data = PyLong_AsVoidPtr(call(torch.data_ptr).ptr());
+  void* data = PyLong_AsVoidPtr(call(torch.data_ptr, torch.base_data_ptr).ptr());
   return attend::TensorView(data, *dtype, shape, strides);
 }
 
@@ -451,10 +490,9 @@ py::object to_python_or_none(attend::Tensor&& tensor, Kind kind,
 }
 
 bool requires_grad(py::handle tensor) {
-  PyObject* value = PyObject_GetAttr(tensor.ptr(), torch_api()->requires_grad.ptr());
-  if (value == nullptr) throw py::error_already_set();
-  Py_DECREF(value);
-  return value == Py_True;
+  const TorchApi& torch = *torch_api();
+  return tensor_attribute(tensor, torch, torch.requires_grad, torch.base_requires_grad).ptr() ==
+         Py_True;
 }
 
 bool torch_grad_enabled() {

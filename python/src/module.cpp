@@ -1,18 +1,20 @@
 // module.cpp: the extension module attend._attend: exceptions, threads, what this build
-// offers, and the C++-side timing loops of bench/python_bench.py.
+// offers, and the C++-side timing loops of bench/python_bench.py (the C++ calls the Python
+// calls are measured against, in the same process on the same arrays).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <sched.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "arrays.hpp"
 #include "attend/error.hpp"
+#include "attend/multihead.hpp"
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
@@ -20,6 +22,23 @@
 
 namespace attend_python {
 namespace {
+
+// Seconds from a start, of wall time or of this thread's CPU time (which a descheduled
+// thread does not accumulate: the overhead of a one-thread call on a shared machine).
+class Stopwatch {
+ public:
+  explicit Stopwatch(bool thread_cpu_time) : cpu_(thread_cpu_time), start_(now()) {}
+  double seconds() const { return now() - start_; }
+
+ private:
+  double now() const {
+    timespec t;
+    clock_gettime(cpu_ ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+  bool cpu_;
+  double start_;
+};
 
 // 0: not set by attend.set_num_threads.
 std::atomic<int> g_num_threads{0};
@@ -52,9 +71,10 @@ void set_num_threads(int n) {
 
 // Seconds per call of the C++ API itself on borrowed arrays (no Python in the loop): the
 // baseline of the Python call's overhead. With `out` None the call allocates its output
-// (attend::scaled_dot_product_attention), else writes into `out` (..._into).
+// (attend::scaled_dot_product_attention), else writes into `out` (..._into). Wall time, or
+// the calling thread's CPU time.
 double cpp_sdpa_seconds(py::handle query, py::handle key, py::handle value, py::handle out,
-                        bool causal, int calls, int num_threads) {
+                        bool causal, int calls, int num_threads, bool thread_cpu_time) {
   const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
   const std::optional<Borrowed> o =
       out.is_none() ? std::nullopt : std::optional<Borrowed>(borrow(out, "out", true));
@@ -72,13 +92,13 @@ double cpp_sdpa_seconds(py::handle query, py::handle key, py::handle value, py::
     }
   };
   call();
-  const auto start = std::chrono::steady_clock::now();
+  const Stopwatch stopwatch(thread_cpu_time);
   for (int i = 0; i < calls; ++i) call();
-  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-  return elapsed.count() / calls;
+  return stopwatch.seconds() / calls;
 }
 
-// Same for the forward with log-sum-exp plus the backward, into preallocated gradients.
+// Same for the forward with log-sum-exp plus the backward (both allocating their results, as
+// attend's autograd function does).
 double cpp_sdpa_forward_backward_seconds(py::handle query, py::handle key, py::handle value,
                                          py::handle grad_output, bool causal, int calls,
                                          int num_threads) {
@@ -90,22 +110,34 @@ double cpp_sdpa_forward_backward_seconds(py::handle query, py::handle key, py::h
   options.num_threads = resolve_num_threads(num_threads);
   options.need_logsumexp = true;
   py::gil_scoped_release release;
-  attend::AttentionResult forward =
-      attend::scaled_dot_product_attention(q.view, k.view, v.view, options);
-  attend::Tensor dq(q.view.dtype, q.view.shape), dk(k.view.dtype, k.view.shape),
-      dv(v.view.dtype, v.view.shape);
-  const attend::AttentionGradientViews gradients{dq.view(), dk.view(), dv.view(), {}, {}};
-  attend::AttentionOutputViews outputs{forward.output.view(), std::nullopt,
-                                       forward.logsumexp.view()};
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < calls; ++i) {
-    attend::scaled_dot_product_attention_into(q.view, k.view, v.view, outputs, options);
-    attend::scaled_dot_product_attention_backward_into(
-        d_o.view, q.view, k.view, v.view, forward.output.view(), forward.logsumexp.view(),
-        gradients, options);
-  }
-  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
-  return elapsed.count() / calls;
+  const auto call = [&] {
+    const attend::AttentionResult forward =
+        attend::scaled_dot_product_attention(q.view, k.view, v.view, options);
+    const attend::AttentionGradients gradients = attend::scaled_dot_product_attention_backward(
+        d_o.view, q.view, k.view, v.view, forward.output.view(), forward.logsumexp.view(), options);
+  };
+  call();
+  const Stopwatch stopwatch(false);
+  for (int i = 0; i < calls; ++i) call();
+  return stopwatch.seconds() / calls;
+}
+
+// Seconds per forward of a C++ MultiHeadAttention (self-attention on x, no weights), of wall
+// time or the calling thread's CPU time.
+double cpp_multihead_seconds(const attend::MultiHeadAttention& module, py::handle x, int calls,
+                             int num_threads, bool thread_cpu_time) {
+  const Borrowed input = borrow(x, "x");
+  attend::MultiHeadForwardOptions options;
+  options.need_weights = false;
+  options.num_threads = resolve_num_threads(num_threads);
+  py::gil_scoped_release release;
+  const auto call = [&] {
+    const attend::MultiHeadResult r = module.forward(input.view, input.view, input.view, options);
+  };
+  call();
+  const Stopwatch stopwatch(thread_cpu_time);
+  for (int i = 0; i < calls; ++i) call();
+  return stopwatch.seconds() / calls;
 }
 
 }  // namespace
@@ -176,6 +208,7 @@ PYBIND11_MODULE(_attend, m) {
   });
   m.def("cpp_sdpa_seconds", &cpp_sdpa_seconds);
   m.def("cpp_sdpa_forward_backward_seconds", &cpp_sdpa_forward_backward_seconds);
+  m.def("cpp_multihead_seconds", &cpp_multihead_seconds);
   bind_sdpa(m);
   bind_modules(m);
 }

@@ -46,6 +46,9 @@ enum Flag : int {
   // Return NotImplemented, computing nothing, when a torch input requires grad in grad mode:
   // the caller then takes the differentiable path (attend/_autograd.py).
   kUnlessGradNeeded = 1 << 8,
+  // `mask` is PyTorch's attn_mask: bool marks the keys that take part (attend's mask), float
+  // is added to the scores (attend's bias).
+  kPyTorchMask = 1 << 9,
 };
 
 // Query heads per key/value head, for enable_gqa.
@@ -173,8 +176,27 @@ Call parse_call(py::handle query, py::handle key, py::handle value, py::handle m
   call.key = borrow(key, "key");
   call.value = borrow(value, "value");
   attend::AttentionOptions& o = call.options;
-  call.mask = borrow_optional(mask, "mask");
-  call.bias = borrow_optional(bias, "bias");
+  if ((flags & kPyTorchMask) && !mask.is_none()) {
+    if (flags & kCausal) {
+      throw attend::Error(
+          "attn_mask and is_causal=True were both given; PyTorch refuses this too. For causal "
+          "attention with a mask pass window=(None, 0) with the mask");
+    }
+    Borrowed attn_mask = borrow(mask, "attn_mask");
+    const attend::DType dtype = attn_mask.view.dtype;
+    if (dtype == attend::DType::kBool) {
+      call.mask = std::move(attn_mask);
+    } else if (attend::is_floating(dtype)) {
+      call.bias = std::move(attn_mask);
+    } else {
+      throw ArgumentTypeError(std::string("attn_mask: dtype ") + attend::dtype_name(dtype) +
+                              " is neither bool (True: the key takes part) nor floating point "
+                              "(added to the scores)");
+    }
+  } else {
+    call.mask = borrow_optional(mask, "mask");
+    call.bias = borrow_optional(bias, "bias");
+  }
   if (call.mask) o.mask = call.mask->view;
   if (call.bias) o.bias = call.bias->view;
   parse_rules(call, rules);
@@ -407,6 +429,103 @@ PyObject* sdpa_fastcall(PyObject*, PyObject* const* args, Py_ssize_t count) {
   }
 }
 
+// attend.scaled_dot_product_attention itself, in C: a Python function's frame and argument
+// handling cost half a microsecond of the 3 us a small call may add. This handles PyTorch's
+// arguments with return_weights, seed, num_threads and out; anything else (another keyword,
+// dropout without a seed, a torch input that requires grad, wrong arguments) goes to the
+// Python implementation, attend._functional.scaled_dot_product_attention, with the call as
+// it was made.
+enum EntryArgument : int {
+  kQuery,
+  kKey,
+  kValue,
+  kAttnMask,
+  kDropoutP,
+  kIsCausal,
+  kScale,
+  kEnableGqa,  // positional
+  kReturnWeights,
+  kSeed,
+  kNumThreads,
+  kOut,  // keyword only
+  kEntryArguments
+};
+constexpr int kPositionalArguments = kEnableGqa + 1;
+const char* const kEntryNames[kEntryArguments] = {
+    "query", "key",        "value",          "attn_mask", "dropout_p",   "is_causal",
+    "scale", "enable_gqa", "return_weights", "seed",      "num_threads", "out"};
+
+PyObject* python_implementation(PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  static PyObject* function = nullptr;  // never released: lives as long as the module
+  if (function == nullptr) {
+    PyObject* module = PyImport_ImportModule("attend._functional");
+    if (module == nullptr) return nullptr;
+    function = PyObject_GetAttrString(module, "scaled_dot_product_attention");
+    Py_DECREF(module);
+    if (function == nullptr) return nullptr;
+  }
+  return PyObject_Vectorcall(function, args, nargsf, kwnames);
+}
+
+PyObject* sdpa_entry(PyObject*, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  static PyObject* names[kEntryArguments] = {};
+  if (names[0] == nullptr) {
+    for (int i = 0; i < kEntryArguments; ++i) names[i] = PyUnicode_InternFromString(kEntryNames[i]);
+  }
+  const auto defer = [&] { return python_implementation(args, nargsf, kwnames); };
+  const Py_ssize_t positional = PyVectorcall_NARGS(nargsf);
+  if (positional > kPositionalArguments) return defer();
+  PyObject* a[kEntryArguments] = {};
+  for (Py_ssize_t i = 0; i < positional; ++i) a[i] = args[i];
+  const Py_ssize_t keywords = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t j = 0; j < keywords; ++j) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, j);
+    int found = -1;  // keywords in calls are interned: compare pointers first
+    for (int i = 0; i < kEntryArguments && found < 0; ++i) {
+      if (name == names[i]) found = i;
+    }
+    for (int i = 0; i < kEntryArguments && found < 0; ++i) {
+      if (PyUnicode_Compare(name, names[i]) == 0) found = i;
+    }
+    if (found < 0 || a[found] != nullptr) return defer();
+    a[found] = args[positional + j];
+  }
+  if (a[kQuery] == nullptr || a[kKey] == nullptr || a[kValue] == nullptr) return defer();
+  const auto given = [&](int i) { return a[i] != nullptr && a[i] != Py_None; };
+  const auto truth = [&](int i) { return a[i] != nullptr && PyObject_IsTrue(a[i]) == 1; };
+  try {
+    const double dropout = given(kDropoutP) ? PyFloat_AsDouble(a[kDropoutP]) : 0.0;
+    const uint64_t seed = given(kSeed) ? PyLong_AsUnsignedLongLong(a[kSeed]) : 0;
+    const long num_threads = given(kNumThreads) ? PyLong_AsLong(a[kNumThreads]) : 0;
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return defer();  // the Python implementation reports it
+    }
+    if (dropout != 0.0 && !given(kSeed)) return defer();  // the seed comes from torch or NumPy
+    const bool return_weights = truth(kReturnWeights);
+    int flags = kTopLeft | kUnlessGradNeeded | kPyTorchMask;
+    if (truth(kIsCausal)) flags |= kCausal;
+    if (truth(kEnableGqa)) flags |= kGroupedQuery;
+    if (return_weights) flags |= kNeedWeights;
+    const py::handle none = Py_None;
+    const auto handle = [&](int i) { return a[i] ? py::handle(a[i]) : none; };
+    py::object result =
+        sdpa(a[kQuery], a[kKey], a[kValue], handle(kAttnMask), none, none, handle(kScale), dropout,
+             seed, flags, static_cast<int>(num_threads), handle(kOut));
+    if (result.ptr() == Py_NotImplemented) return defer();  // gradients: attend/_autograd.py
+    if (!return_weights) return result.release().ptr();
+    return py::make_tuple(result[py::int_(0)], result[py::int_(1)]).release().ptr();
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+}
+
+PyMethodDef sdpa_entry_method = {
+    "scaled_dot_product_attention",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(sdpa_entry)),
+    METH_FASTCALL | METH_KEYWORDS, nullptr};  // the docstring is set from Python
+
 PyMethodDef sdpa_method = {
     "sdpa", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(sdpa_fastcall)),
     METH_FASTCALL,
@@ -417,6 +536,15 @@ PyMethodDef sdpa_method = {
 
 void bind_sdpa(py::module_& m) {
   m.attr("sdpa") = py::reinterpret_steal<py::object>(PyCFunction_New(&sdpa_method, nullptr));
+  m.attr("scaled_dot_product_attention") =
+      py::reinterpret_steal<py::object>(PyCFunction_New(&sdpa_entry_method, nullptr));
+  // The entry's docstring (with its signature line, for inspect) is the Python
+  // implementation's; set once at import (attend/__init__.py).
+  m.def("set_entry_doc", [](const std::string& doc) {
+    static std::string* text = new std::string;  // outlives the function object
+    *text = doc;
+    sdpa_entry_method.ml_doc = text->c_str();
+  });
   m.def("sdpa_backward", &sdpa_backward, "see sdpa_bindings.cpp");
   m.attr("FLAG_CAUSAL") = int{kCausal};
   m.attr("FLAG_TOP_LEFT") = int{kTopLeft};
