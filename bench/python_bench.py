@@ -74,8 +74,11 @@ def repeat_cpp(timer, min_time):
 
 
 def run_in_turns(variants, repetitions, min_time, clock=time.perf_counter):
-    """{name: median seconds per call}: each repetition measures every variant once, so that
-    a busy minute on the shared machine touches all of them alike."""
+    """({name: median seconds per call}, {name: best}): each repetition measures every
+    variant once, so that a busy minute on the shared machine touches all of them alike.
+    A variant that is None (PyTorch with --skip-pytorch) reads NaN."""
+    skipped = [name for name, v in variants.items() if v is None]
+    variants = {name: v for name, v in variants.items() if v is not None}
     samples = {name: [] for name in variants}
     for name, (kind, call) in variants.items():  # warm-up: allocations, thread pools
         call(1) if kind == "cpp" else call()
@@ -84,8 +87,13 @@ def run_in_turns(variants, repetitions, min_time, clock=time.perf_counter):
             seconds = repeat_cpp(call, min_time) if kind == "cpp" else \
                 repeat(call, min_time, clock)
             samples[name].append(seconds)
-    return {name: statistics.median(s) for name, s in samples.items()}, \
-        {name: min(s) for name, s in samples.items()}
+    nan = {name: float("nan") for name in skipped}
+    return {**{name: statistics.median(s) for name, s in samples.items()}, **nan}, \
+        {**{name: min(s) for name, s in samples.items()}, **nan}
+
+
+def pytorch(args, call):
+    return None if args.skip_pytorch else ("py", call)
 
 
 def tensors(shape, generator, requires_grad=False):
@@ -111,7 +119,7 @@ def overhead_case(args, generator):
         "NumPy out=": ("py", lambda: sdpa(qn, kn, vn, num_threads=1, out=outn)),
         "torch": ("py", lambda: sdpa(q, k, v, num_threads=1)),
         "torch out=": ("py", lambda: sdpa(q, k, v, num_threads=1, out=out)),
-        "PyTorch 1.13": ("py", lambda: F._scaled_dot_product_attention(q, k, v)),
+        "PyTorch 1.13": pytorch(args, lambda: F._scaled_dot_product_attention(q, k, v)),
     }
     with torch.no_grad():  # the calling thread's CPU time: one thread, a shared machine
         t, best = run_in_turns(variants, args.repetitions, args.min_time, time.thread_time)
@@ -138,7 +146,7 @@ def multihead_case(args, generator):
     variants = {
         "C++": ("cpp", lambda n: _attend.cpp_multihead_seconds(ours._cpp, x, n, 1, True)),
         "attend": ("py", lambda: ours(x, x, x, need_weights=False)),
-        "PyTorch 1.13": ("py", lambda: module(x, x, x, need_weights=False)),
+        "PyTorch 1.13": pytorch(args, lambda: module(x, x, x, need_weights=False)),
     }
     attend.set_num_threads(1)
     try:
@@ -163,8 +171,8 @@ def attention_case(name, args, generator):
                                                           False)),
         "attend": ("py", lambda: attend.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                      num_threads=threads)),
-        "PyTorch 1.13": ("py", lambda: F._scaled_dot_product_attention(q, k, v,
-                                                                       is_causal=causal)),
+        "PyTorch 1.13": pytorch(args, lambda: F._scaled_dot_product_attention(
+            q, k, v, is_causal=causal)),
     }
     with torch.no_grad():
         rows.append(("forward", run_in_turns(forward, args.repetitions, args.min_time)[0]))
@@ -185,7 +193,7 @@ def attention_case(name, args, generator):
         "C++": ("cpp", lambda n: _attend.cpp_sdpa_forward_backward_seconds(
             q, k, v, grad_output, causal, n, threads)),
         "attend": ("py", attend_step),
-        "PyTorch 1.13": ("py", torch_step),
+        "PyTorch 1.13": pytorch(args, torch_step),
     }
     rows.append(("forward+backward",
                  run_in_turns(backward, args.repetitions, args.min_time)[0]))
@@ -208,10 +216,12 @@ def print_table(rows):
             if "overhead_us" in r else ""
         print(f"{r['case']:<11} {r['pass']:<17} {fmt(r['cpp_us']):>11} {fmt(r['attend_us']):>11} "
               f"{r['attend_us'] / r['cpp_us']:>10.3f} {fmt(r['pytorch_us']):>13} "
-              f"{r['pytorch_us'] / r['attend_us']:>13.1f}x {extra}")
+              f"{r['pytorch_us'] / r['attend_us']:>13.1f}x {extra}".replace("nanx", "   -"))
 
 
 def fmt(us):
+    if us != us:  # NaN: not measured
+        return "-"
     return f"{us:.2f} us" if us < 100 else f"{us / 1000:.2f} ms"
 
 
@@ -222,6 +232,8 @@ def main():
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--min-time", type=float, default=0.2)
     parser.add_argument("--json", action="store_true", help="one JSON object per row")
+    parser.add_argument("--skip-pytorch", action="store_true",
+                        help="C++ and attend only (PyTorch's math path takes minutes for s4)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)

@@ -125,22 +125,6 @@ def _differentiable(query, key, value, mask, bias, rules, sinks, scale, dropout,
                           flags, num_threads)
 
 
-def _split_attn_mask(attn_mask, is_causal):
-    """PyTorch's attn_mask as attend's (mask, bias)."""
-    if is_causal:
-        raise _attend.Error(
-            "attn_mask and is_causal=True were both given; PyTorch refuses this too. For "
-            "causal attention with a mask pass window=(None, 0) with the mask")
-    kind = _dtype_kind(attn_mask, "attn_mask")
-    if kind == "bool":
-        return attn_mask, None
-    if kind == "float":
-        return None, attn_mask
-    raise _attend.DTypeError(
-        f"attn_mask: dtype {attn_mask.dtype} is neither bool (True: the key takes part) nor "
-        "floating point (added to the scores)")
-
-
 def _rare_flags(return_weights, enable_gqa, fully_masked_rows, backend):
     flags = _NEED_WEIGHTS if return_weights else 0
     if enable_gqa:
@@ -202,7 +186,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         flags |= _rare_flags(return_weights, enable_gqa, fully_masked_rows, backend)
     mask = bias = rules = None
     if attn_mask is not None:
-        mask, bias = _split_attn_mask(attn_mask, is_causal)
+        mask, bias = _attend.split_attn_mask(attn_mask, is_causal)
     if dropout_p and seed is None:
         seed = _draw_seed(query)
     if window is not None or alibi is not None or softcap is not None or sinks is not None or \

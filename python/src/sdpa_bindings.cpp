@@ -1,10 +1,11 @@
-// sdpa_bindings.cpp: attend._attend.sdpa and sdpa_backward, the calls under
-// attend.scaled_dot_product_attention, attend.attention and their autograd function.
+// sdpa_bindings.cpp: attend.scaled_dot_product_attention's C entry, and attend._attend.sdpa
+// and sdpa_backward, the calls under it, attend.attention and their autograd function.
 //
-// The Python layer (attend/_functional.py) turns PyTorch's arguments into attend's: a bool
-// attn_mask becomes `mask` (nonzero keeps), a float one `bias` (added), is_causal the causal
-// rule aligned top-left. Here every array is borrowed in place, the options are filled, the
-// GIL is released for the computation, and the results come back as the query's kind.
+// PyTorch's arguments become attend's: a bool attn_mask is attend's `mask` (nonzero keeps), a
+// float one its `bias` (added), is_causal the causal rule aligned top-left. The common call
+// is handled by the C entry (sdpa_entry), the rest by attend/_functional.py. Here every array
+// is borrowed in place, the options are filled, the GIL is released for the computation, and
+// the results come back as the query's kind.
 //
 // enable_gqa (grouped-query attention): query (..., Hq, Lq, E), key and value (..., Hkv, Lk, ·),
 // Hq = G·Hkv, query head h reading key/value head h / G (as repeat_interleave(G, dim=-3)).
@@ -33,7 +34,7 @@ using attend::Shape;
 using attend::Tensor;
 using attend::TensorView;
 
-// Bits of `flags`, set by attend/_functional.py.
+// Bits of `flags`, set by sdpa_entry and attend/_functional.py.
 enum Flag : int {
   kCausal = 1 << 0,
   kTopLeft = 1 << 1,  // causal, window and ALiBi aligned as PyTorch (query i at i)
@@ -168,6 +169,21 @@ void parse_rules(Call& call, py::handle rules) {
   if (!t[7].is_none()) o.softcap = t[7].cast<double>();
 }
 
+// PyTorch's attn_mask: whether it is additive (float: attend's bias) rather than a bool mask
+// of the keys that take part (attend's mask). Throws for any other dtype, and with is_causal.
+bool is_additive_mask(attend::DType dtype, bool causal) {
+  if (causal) {
+    throw attend::Error(
+        "attn_mask and is_causal=True were both given; PyTorch refuses this too. For causal "
+        "attention with a mask pass window=(None, 0) with the mask");
+  }
+  if (dtype == attend::DType::kBool) return false;
+  if (attend::is_floating(dtype)) return true;
+  throw ArgumentTypeError(std::string("attn_mask: dtype ") + attend::dtype_name(dtype) +
+                          " is neither bool (True: the key takes part) nor floating point "
+                          "(added to the scores)");
+}
+
 Call parse_call(py::handle query, py::handle key, py::handle value, py::handle mask,
                 py::handle bias, py::handle rules, py::handle scale, double dropout, uint64_t seed,
                 int flags, int num_threads) {
@@ -177,22 +193,9 @@ Call parse_call(py::handle query, py::handle key, py::handle value, py::handle m
   call.value = borrow(value, "value");
   attend::AttentionOptions& o = call.options;
   if ((flags & kPyTorchMask) && !mask.is_none()) {
-    if (flags & kCausal) {
-      throw attend::Error(
-          "attn_mask and is_causal=True were both given; PyTorch refuses this too. For causal "
-          "attention with a mask pass window=(None, 0) with the mask");
-    }
     Borrowed attn_mask = borrow(mask, "attn_mask");
-    const attend::DType dtype = attn_mask.view.dtype;
-    if (dtype == attend::DType::kBool) {
-      call.mask = std::move(attn_mask);
-    } else if (attend::is_floating(dtype)) {
-      call.bias = std::move(attn_mask);
-    } else {
-      throw ArgumentTypeError(std::string("attn_mask: dtype ") + attend::dtype_name(dtype) +
-                              " is neither bool (True: the key takes part) nor floating point "
-                              "(added to the scores)");
-    }
+    const bool additive = is_additive_mask(attn_mask.view.dtype, (flags & kCausal) != 0);
+    (additive ? call.bias : call.mask) = std::move(attn_mask);
   } else {
     call.mask = borrow_optional(mask, "mask");
     call.bias = borrow_optional(bias, "bias");
@@ -538,6 +541,12 @@ void bind_sdpa(py::module_& m) {
   m.attr("sdpa") = py::reinterpret_steal<py::object>(PyCFunction_New(&sdpa_method, nullptr));
   m.attr("scaled_dot_product_attention") =
       py::reinterpret_steal<py::object>(PyCFunction_New(&sdpa_entry_method, nullptr));
+  // (mask, bias): PyTorch's attn_mask as attend's, by the rule of the C entry.
+  m.def("split_attn_mask", [](py::object attn_mask, bool is_causal) {
+    const Borrowed view = borrow(attn_mask, "attn_mask");
+    const bool additive = is_additive_mask(view.view.dtype, is_causal);
+    return additive ? py::make_tuple(py::none(), attn_mask) : py::make_tuple(attn_mask, py::none());
+  });
   // The entry's docstring (with its signature line, for inspect) is the Python
   // implementation's; set once at import (attend/__init__.py).
   m.def("set_entry_doc", [](const std::string& doc) {
