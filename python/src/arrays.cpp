@@ -33,6 +33,7 @@ struct TorchApi {
   PyTypeObject* parameter_type = nullptr;
   py::object base_is_cpu, base_shape, base_dtype, base_requires_grad;  // getset descriptors
   py::object base_data_ptr, base_stride;                               // method descriptors
+  bool descriptors = false;                                            // found
 };
 
 const TorchApi* torch_api() {
@@ -63,15 +64,20 @@ const TorchApi* torch_api() {
     *field = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
   }
   a->is_grad_enabled = module.attr("is_grad_enabled");
-  a->parameter_type =
-      reinterpret_cast<PyTypeObject*>(module.attr("nn").attr("parameter").attr("Parameter").ptr());
-  const py::dict base = c_module.attr("_TensorBase").attr("__dict__");
-  a->base_is_cpu = base["is_cpu"];
-  a->base_shape = base["shape"];
-  a->base_dtype = base["dtype"];
-  a->base_requires_grad = base["requires_grad"];
-  a->base_data_ptr = base["data_ptr"];
-  a->base_stride = base["stride"];
+  // torch 1.13's _TensorBase (TensorBase in later releases); without it, lookups by name.
+  const char* base_name = py::hasattr(c_module, "_TensorBase") ? "_TensorBase" : "TensorBase";
+  if (py::hasattr(c_module, base_name)) {
+    const py::dict base = c_module.attr(base_name).attr("__dict__");
+    a->parameter_type = reinterpret_cast<PyTypeObject*>(
+        module.attr("nn").attr("parameter").attr("Parameter").ptr());
+    a->base_is_cpu = base["is_cpu"];
+    a->base_shape = base["shape"];
+    a->base_dtype = base["dtype"];
+    a->base_requires_grad = base["requires_grad"];
+    a->base_data_ptr = base["data_ptr"];
+    a->base_stride = base["stride"];
+    a->descriptors = true;
+  }
   api = a;
   return api;
 }
@@ -228,7 +234,7 @@ py::object tensor_attribute(py::handle tensor, const TorchApi& torch, const py::
                             const py::object& descriptor) {
   PyTypeObject* type = Py_TYPE(tensor.ptr());
   PyObject* value;
-  if (type == torch.tensor_type || type == torch.parameter_type) {
+  if (torch.descriptors && (type == torch.tensor_type || type == torch.parameter_type)) {
     value = Py_TYPE(descriptor.ptr())
                 ->tp_descr_get(descriptor.ptr(), tensor.ptr(), reinterpret_cast<PyObject*>(type));
   } else {
@@ -242,9 +248,10 @@ py::object tensor_method(py::handle tensor, const TorchApi& torch, const py::obj
                          const py::object& descriptor) {
   PyTypeObject* type = Py_TYPE(tensor.ptr());
   PyObject* self = tensor.ptr();
-  PyObject* value = type == torch.tensor_type || type == torch.parameter_type
-                        ? PyObject_Vectorcall(descriptor.ptr(), &self, 1, nullptr)
-                        : PyObject_CallMethodNoArgs(self, name.ptr());
+  const bool fast =
+      torch.descriptors && (type == torch.tensor_type || type == torch.parameter_type);
+  PyObject* value = fast ? PyObject_Vectorcall(descriptor.ptr(), &self, 1, nullptr)
+                         : PyObject_CallMethodNoArgs(self, name.ptr());
   if (value == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(value);
 }
