@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-import attend
 
 torch.set_num_threads(1)  # the reference is small; leave the cores to attend and ctest -j
 

@@ -321,8 +321,8 @@ def test_default_alibi_slopes_match_the_library():
     q = torch.zeros(1, 6, 1, 4)
     k = torch.zeros(1, 6, 2, 4)
     v = torch.stack([torch.zeros(6, 4), torch.ones(6, 4)], 1).unsqueeze(0)  # (1, 6, 2, 4)
-    # One query at position 0 (bottom-right: position 1) over keys 0 and 1: the weight of key
-    # 1 is sigmoid(slope) with bottom-right alignment... here top-left: scores 0 and slope.
+    # One query (position 0, top-left) over keys 0 and 1: scores 0 and slope_h, so the weight
+    # of key 1, and the output (V is 0 at key 0, 1 at key 1), is sigmoid(slope_h).
     out = attend.scaled_dot_product_attention(q, k, v, alibi=True)
     slopes = torch.tensor(default_alibi_slopes(6))
     assert_close(out[0, :, 0, 0], torch.sigmoid(slopes), 1e-6, "ALiBi slopes")
