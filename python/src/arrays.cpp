@@ -487,7 +487,9 @@ py::object to_python(attend::Tensor&& tensor, Kind kind, const std::optional<Sha
     throw py::error_already_set();
   }
   py::object owned_capsule = py::reinterpret_steal<py::object>(capsule);
-  return torch->from_dlpack(owned_capsule);
+  PyObject* result = PyObject_CallOneArg(torch->from_dlpack.ptr(), owned_capsule.ptr());
+  if (result == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(result);
 }
 
 py::object to_python_or_none(attend::Tensor&& tensor, Kind kind,
