@@ -15,7 +15,7 @@ start=$SECONDS
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
   -DATTEND_BUILD_FUZZERS=ON -DATTEND_BUILD_TESTS=OFF -DATTEND_BUILD_BENCH=OFF \
-  -DATTEND_BUILD_EXAMPLES=OFF >/dev/null
+  -DATTEND_BUILD_EXAMPLES=OFF -DATTEND_BUILD_PYTHON=OFF >/dev/null
 cmake --build build-fuzz --target "${targets[@]/%/_fuzzer}"
 echo "fuzz: built in $((SECONDS - start)) s"
 

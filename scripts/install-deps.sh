@@ -3,7 +3,9 @@
 # what is already there.
 set -euo pipefail
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libcli11-dev nlohmann-json3-dev)
+          libcli11-dev nlohmann-json3-dev
+          # the Python package (python/) and its tests
+          python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch python3-pytest)
 packages+=("$@")
 missing=()
 # A name without an architecture is ambiguous to dpkg once the arm64 one is installed too

@@ -1,0 +1,569 @@
+// sdpa_bindings.cpp: attend.scaled_dot_product_attention's C entry, and attend._attend.sdpa
+// and sdpa_backward, the calls under it, attend.attention and their autograd function.
+//
+// PyTorch's arguments become attend's: a bool attn_mask is attend's `mask` (nonzero keeps), a
+// float one its `bias` (added), is_causal the causal rule aligned top-left. The common call
+// is handled by the C entry (sdpa_entry), the rest by attend/_functional.py. Here every array
+// is borrowed in place, the options are filled, the GIL is released for the computation, and
+// the results come back as the query's kind.
+//
+// enable_gqa (grouped-query attention): query (..., Hq, Lq, E), key and value (..., Hkv, Lk, ·),
+// Hq = G·Hkv, query head h reading key/value head h / G (as repeat_interleave(G, dim=-3)).
+// attend has no such option, so the call is regrouped without copying:
+//   query   (..., Hq, Lq, E)   viewed as (..., Hkv, G, Lq, E)
+//   key     (..., Hkv, Lk, E)  viewed as (..., Hkv, G, Lk, E), stride 0 along G
+//   mask, bias, segment ids, outputs: their head axis split the same way
+// The gradient of key and value is computed per (Hkv, G) and summed over G.
+#include <pybind11/pybind11.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "arrays.hpp"
+#include "attend/error.hpp"
+#include "attend/sdpa.hpp"
+#include "attend/sdpa_backward.hpp"
+#include "bindings.hpp"
+
+namespace attend_python {
+namespace {
+
+using attend::DType;
+using attend::Shape;
+using attend::Tensor;
+using attend::TensorView;
+
+// Bits of `flags`, set by sdpa_entry and attend/_functional.py.
+enum Flag : int {
+  kCausal = 1 << 0,
+  kTopLeft = 1 << 1,  // causal, window and ALiBi aligned as PyTorch (query i at i)
+  kNeedWeights = 1 << 2,
+  kNeedLogsumexp = 1 << 3,
+  kZeroMaskedRows = 1 << 4,  // FullyMaskedRows::kZero
+  kGroupedQuery = 1 << 5,    // enable_gqa
+  kBackendFused = 1 << 6,
+  kBackendReference = 1 << 7,
+  // Return NotImplemented, computing nothing, when a torch input requires grad in grad mode:
+  // the caller then takes the differentiable path (attend/_autograd.py).
+  kUnlessGradNeeded = 1 << 8,
+  // `mask` is PyTorch's attn_mask: bool marks the keys that take part (attend's mask), float
+  // is added to the scores (attend's bias).
+  kPyTorchMask = 1 << 9,
+};
+
+// Query heads per key/value head, for enable_gqa.
+struct Grouping {
+  int64_t groups = 1;  // G; 1 without enable_gqa
+  int64_t query_heads = 0, kv_heads = 0;
+  bool active() const { return groups > 1; }
+};
+
+// `t` with its head axis (`axis_from_end` counted from the last, 0) split into (H / G, G),
+// for a view broadcast to (..., Hq, ...). `shared` (key and value): the axis holds Hkv heads
+// and G repeats each with stride 0. A view without that axis, or of size 1 along it, is
+// broadcast over both new axes.
+TensorView split_heads(const TensorView& t, int axis_from_end, const Grouping& g, bool shared,
+                       const char* name) {
+  const int axis = t.rank() - 1 - axis_from_end;
+  if (axis < 0) return t;
+  const int64_t heads = t.shape[axis], stride = t.strides[axis];
+  const int64_t expected = shared ? g.kv_heads : g.query_heads;
+  Shape shape, strides;
+  for (int d = 0; d < t.rank(); ++d) {
+    if (d != axis) {
+      shape.push_back(t.shape[d]);
+      strides.push_back(t.strides[d]);
+    } else if (heads == expected) {
+      shape.push_back(g.kv_heads), strides.push_back(shared ? stride : g.groups * stride);
+      shape.push_back(g.groups), strides.push_back(shared ? 0 : stride);
+    } else if (heads == 1) {
+      shape.push_back(1), strides.push_back(0);
+      shape.push_back(1), strides.push_back(0);
+    } else {
+      throw attend::Error(std::string(name) + ": shape " + t.shape.str() + " has " +
+                          std::to_string(heads) + " in the head dimension, expected " +
+                          std::to_string(expected) + " or 1 (enable_gqa)");
+    }
+  }
+  return TensorView(t.data, t.dtype, shape, strides);
+}
+
+Grouping grouping_of(const TensorView& q, const TensorView& k, const TensorView& v,
+                     const attend::AttentionOptions& options) {
+  Grouping g;
+  if (q.rank() < 3 || k.rank() != q.rank() || v.rank() != q.rank()) {
+    throw attend::Error("enable_gqa: query " + q.shape.str() + ", key " + k.shape.str() +
+                        " and value " + v.shape.str() +
+                        " need the same rank with a head dimension (..., H, L, E)");
+  }
+  if (q.rank() > 5) {
+    throw attend::Error("enable_gqa: query " + q.shape.str() +
+                        " has more than 3 batch dimensions; attend regroups the heads into "
+                        "two, and holds at most 4");
+  }
+  g.query_heads = q.shape.back(2);
+  g.kv_heads = k.shape.back(2);
+  if (v.shape.back(2) != g.kv_heads) {
+    throw attend::Error("enable_gqa: key " + k.shape.str() + " and value " + v.shape.str() +
+                        " differ in the number of heads");
+  }
+  if (g.kv_heads == 0 || g.query_heads % g.kv_heads != 0) {
+    throw attend::Error("enable_gqa: query " + q.shape.str() + " has " +
+                        std::to_string(g.query_heads) + " heads, not a multiple of the " +
+                        std::to_string(g.kv_heads) + " heads of key " + k.shape.str());
+  }
+  g.groups = g.query_heads / g.kv_heads;
+  if (g.active() && (options.alibi || options.sinks)) {
+    throw attend::Error(
+        "enable_gqa with alibi or sinks is not supported: attend counts heads along its last "
+        "batch dimension, which the grouped view splits; pass key and value with one head per "
+        "query head instead");
+  }
+  return g;
+}
+
+// One call's borrowed arrays and its options.
+struct Call {
+  Borrowed query, key, value;
+  std::optional<Borrowed> mask, bias, alibi_slopes, sinks, segment_query, segment_key;
+  attend::AttentionOptions options;
+  Grouping grouping;
+  TensorView q, k, v;  // as attend sees them (regrouped for enable_gqa)
+  Kind kind() const { return query.kind; }
+};
+
+std::optional<int64_t> optional_int(py::handle h) {
+  if (h.is_none()) return std::nullopt;
+  return h.cast<int64_t>();
+}
+
+// rules: None, or the tuple (window_left, window_right, alibi, sinks, segment_ids_query,
+// segment_ids_key, prefix, softcap) built by attend/_functional.py: window sides None for
+// unbounded (both None: no window); alibi None, True or a (H) slopes array; softcap None or
+// a float.
+void parse_rules(Call& call, py::handle rules) {
+  if (rules.is_none()) return;
+  const auto t = rules.cast<py::tuple>();
+  if (t.size() != 8) throw attend::Error("internal: rules must have 8 entries");
+  attend::AttentionOptions& o = call.options;
+  const std::optional<int64_t> left = optional_int(t[0]), right = optional_int(t[1]);
+  if (left || right) {
+    o.window = attend::SlidingWindow{left.value_or(attend::kUnboundedWindow),
+                                     right.value_or(attend::kUnboundedWindow)};
+  }
+  if (t[2].ptr() == Py_True) {
+    o.alibi = true;
+  } else if (!t[2].is_none()) {
+    call.alibi_slopes = borrow(t[2], "alibi_slopes");
+    o.alibi = true;
+    o.alibi_slopes = call.alibi_slopes->view;
+  }
+  call.sinks = borrow_optional(t[3], "sinks");
+  if (call.sinks) o.sinks = call.sinks->view;
+  call.segment_query = borrow_optional(t[4], "segment_ids (query)");
+  call.segment_key = borrow_optional(t[5], "segment_ids (key)");
+  if (call.segment_query) o.segment_ids_query = call.segment_query->view;
+  if (call.segment_key) o.segment_ids_key = call.segment_key->view;
+  o.prefix = t[6].cast<int64_t>();
+  if (!t[7].is_none()) o.softcap = t[7].cast<double>();
+}
+
+// PyTorch's attn_mask: whether it is additive (float: attend's bias) rather than a bool mask
+// of the keys that take part (attend's mask). Throws for any other dtype, and with is_causal.
+bool is_additive_mask(attend::DType dtype, bool causal) {
+  if (causal) {
+    throw attend::Error(
+        "attn_mask and is_causal=True were both given; PyTorch refuses this too. For causal "
+        "attention with a mask pass window=(None, 0) with the mask");
+  }
+  if (dtype == attend::DType::kBool) return false;
+  if (attend::is_floating(dtype)) return true;
+  throw ArgumentTypeError(std::string("attn_mask: dtype ") + attend::dtype_name(dtype) +
+                          " is neither bool (True: the key takes part) nor floating point "
+                          "(added to the scores)");
+}
+
+Call parse_call(py::handle query, py::handle key, py::handle value, py::handle mask,
+                py::handle bias, py::handle rules, py::handle scale, double dropout, uint64_t seed,
+                int flags, int num_threads) {
+  Call call;
+  call.query = borrow(query, "query");
+  call.key = borrow(key, "key");
+  call.value = borrow(value, "value");
+  attend::AttentionOptions& o = call.options;
+  if ((flags & kPyTorchMask) && !mask.is_none()) {
+    Borrowed attn_mask = borrow(mask, "attn_mask");
+    const bool additive = is_additive_mask(attn_mask.view.dtype, (flags & kCausal) != 0);
+    (additive ? call.bias : call.mask) = std::move(attn_mask);
+  } else {
+    call.mask = borrow_optional(mask, "mask");
+    call.bias = borrow_optional(bias, "bias");
+  }
+  if (call.mask) o.mask = call.mask->view;
+  if (call.bias) o.bias = call.bias->view;
+  parse_rules(call, rules);
+  if (!scale.is_none()) o.scale = scale.cast<double>();
+  o.dropout = dropout;
+  o.seed = seed;
+  o.causal = (flags & kCausal) != 0;
+  o.causal_alignment = (flags & kTopLeft) ? attend::CausalAlignment::kTopLeft
+                                          : attend::CausalAlignment::kBottomRight;
+  o.fully_masked_rows = (flags & kZeroMaskedRows) ? attend::FullyMaskedRows::kZero
+                                                  : attend::FullyMaskedRows::kUniform;
+  o.backend = (flags & kBackendReference) ? attend::Backend::kReference
+              : (flags & kBackendFused)   ? attend::Backend::kFused
+                                          : attend::Backend::kAuto;
+  o.num_threads = resolve_num_threads(num_threads);
+
+  call.q = call.query.view;
+  call.k = call.key.view;
+  call.v = call.value.view;
+  if (flags & kGroupedQuery) {
+    call.grouping = grouping_of(call.q, call.k, call.v, o);
+    const Grouping& g = call.grouping;
+    if (g.active()) {
+      call.q = split_heads(call.q, 2, g, false, "query");
+      call.k = split_heads(call.k, 2, g, true, "key");
+      call.v = split_heads(call.v, 2, g, true, "value");
+      if (o.mask) o.mask = split_heads(*o.mask, 2, g, false, "mask");
+      if (o.bias) o.bias = split_heads(*o.bias, 2, g, false, "bias");
+      if (o.segment_ids_query) {
+        o.segment_ids_query = split_heads(*o.segment_ids_query, 1, g, false, "segment_ids");
+      }
+      if (o.segment_ids_key) {
+        o.segment_ids_key = split_heads(*o.segment_ids_key, 1, g, false, "segment_ids");
+      }
+    }
+  }
+  return call;
+}
+
+// Shapes of the results as the caller sees them (query's heads unsplit).
+struct ResultShapes {
+  Shape output, weights, logsumexp;
+};
+
+ResultShapes result_shapes(const Call& call) {
+  const TensorView &q = call.query.view, &k = call.key.view, &v = call.value.view;
+  ResultShapes s;
+  if (q.rank() < 2 || k.rank() < 2 || v.rank() < 2) return s;  // attend reports it
+  for (int d = 0; d < q.rank() - 2; ++d) s.output.push_back(q.shape[d]);
+  s.weights = s.output;
+  s.logsumexp = s.output;
+  s.output.push_back(q.shape.back(1));
+  s.output.push_back(v.shape.back(0));
+  s.weights.push_back(q.shape.back(1));
+  s.weights.push_back(k.shape.back(1));
+  s.logsumexp.push_back(q.shape.back(1));
+  return s;
+}
+
+// A contiguous view of `data` with `shape`, regrouped like the query for enable_gqa.
+TensorView result_view(void* data, DType dtype, const Shape& shape, int head_axis_from_end,
+                       const Grouping& g) {
+  const TensorView plain(data, dtype, shape);
+  return g.active() ? split_heads(plain, head_axis_from_end, g, false, "result") : plain;
+}
+
+// `t` (contiguous) summed over `axis` in index order, accumulating in float32, into a tensor
+// of t's dtype and `shape` (t's shape without that axis).
+Tensor sum_over_axis(const Tensor& t, int axis, const Shape& shape) {
+  std::optional<Tensor> converted;
+  const float* source = t.data_as<float>();
+  if (t.dtype() != DType::kFloat32) {
+    converted.emplace(DType::kFloat32, t.shape());
+    attend::convert(t.view(), converted->view());
+    source = converted->data_as<float>();
+  }
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < axis; ++d) outer *= t.shape()[d];
+  for (int d = axis + 1; d < t.shape().rank(); ++d) inner *= t.shape()[d];
+  const int64_t count = t.shape()[axis];
+  Tensor sum = Tensor::zeros(DType::kFloat32, shape);
+  float* target = sum.data_as<float>();
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t c = 0; c < count; ++c) {
+      const float* row = source + (o * count + c) * inner;
+      for (int64_t i = 0; i < inner; ++i) target[o * inner + i] += row[i];
+    }
+  }
+  if (t.dtype() == DType::kFloat32) return sum;
+  Tensor result(t.dtype(), shape);
+  attend::convert(sum.view(), result.view());
+  return result;
+}
+
+// Whether a torch input that autograd would differentiate (query, key, value, bias, sinks)
+// requires grad while grad mode is on.
+bool grad_needed(const Call& call) {
+  bool any = false;
+  for (const Borrowed* b : {&call.query, &call.key, &call.value, call.bias ? &*call.bias : nullptr,
+                            call.sinks ? &*call.sinks : nullptr}) {
+    if (b != nullptr && b->kind == Kind::kTorch && requires_grad(b->object())) any = true;
+  }
+  return any && torch_grad_enabled();
+}
+
+}  // namespace
+
+// sdpa(query, key, value, mask, bias, rules, scale, dropout, seed, flags, num_threads, out)
+// -> (output, weights or None, logsumexp or None) when weights or logsumexp are asked for,
+// else the output alone (or NotImplemented, see kUnlessGradNeeded). `out`, when not None,
+// receives the output (any strides) and is returned as it is.
+py::object sdpa(py::handle query, py::handle key, py::handle value, py::handle mask,
+                py::handle bias, py::handle rules, py::handle scale, double dropout, uint64_t seed,
+                int flags, int num_threads, py::handle out) {
+  Call call =
+      parse_call(query, key, value, mask, bias, rules, scale, dropout, seed, flags, num_threads);
+  if ((flags & kUnlessGradNeeded) && grad_needed(call)) {
+    return py::reinterpret_borrow<py::object>(Py_NotImplemented);
+  }
+  const ResultShapes shapes = result_shapes(call);
+  const Grouping& g = call.grouping;
+  const Kind kind = call.kind();
+  std::optional<Borrowed> out_view;
+  Tensor output, weights, logsumexp;
+  attend::AttentionOutputViews views;
+  if (!out.is_none()) {
+    out_view = borrow(out, "out", /*writable=*/true);
+    if (out_view->kind == Kind::kTorch && requires_grad(out)) {
+      throw attend::Error("out: a tensor that requires grad cannot be written in place");
+    }
+    views.output = g.active() ? split_heads(out_view->view, 2, g, false, "out") : out_view->view;
+  } else {
+    output = Tensor(call.q.dtype, shapes.output);
+    views.output = result_view(output.data(), output.dtype(), shapes.output, 2, g);
+  }
+  if (flags & kNeedWeights) {
+    weights = Tensor(DType::kFloat32, shapes.weights);
+    views.weights = result_view(weights.data(), DType::kFloat32, shapes.weights, 2, g);
+  }
+  if (flags & kNeedLogsumexp) {
+    logsumexp = Tensor(DType::kFloat32, shapes.logsumexp);
+    views.logsumexp = result_view(logsumexp.data(), DType::kFloat32, shapes.logsumexp, 1, g);
+  }
+  {
+    py::gil_scoped_release release;
+    attend::scaled_dot_product_attention_into(call.q, call.k, call.v, views, call.options);
+  }
+  py::object result_output =
+      out_view ? py::reinterpret_borrow<py::object>(out) : to_python(std::move(output), kind);
+  if (!(flags & (kNeedWeights | kNeedLogsumexp))) return result_output;
+  return py::make_tuple(result_output, to_python_or_none(std::move(weights), kind),
+                        to_python_or_none(std::move(logsumexp), kind));
+}
+
+// sdpa_backward(grad_output, query, key, value, output, logsumexp, mask, bias, rules, scale,
+// dropout, seed, flags, num_threads, want_bias, want_sinks) -> (dq, dk, dv, dbias or None,
+// dsinks or None), with the options of the forward that gave output and logsumexp.
+py::tuple sdpa_backward(py::handle grad_output, py::handle query, py::handle key, py::handle value,
+                        py::handle output, py::handle logsumexp, py::handle mask, py::handle bias,
+                        py::handle rules, py::handle scale, double dropout, uint64_t seed,
+                        int flags, int num_threads, bool want_bias, bool want_sinks) {
+  Call call =
+      parse_call(query, key, value, mask, bias, rules, scale, dropout, seed, flags, num_threads);
+  const Grouping& g = call.grouping;
+  const Kind kind = call.kind();
+  Borrowed grad_output_view = borrow(grad_output, "grad_output");
+  Borrowed output_view = borrow(output, "output");
+  Borrowed logsumexp_view = borrow(logsumexp, "logsumexp");
+  TensorView d_o = grad_output_view.view, o = output_view.view, lse = logsumexp_view.view;
+  if (g.active()) {
+    d_o = split_heads(d_o, 2, g, false, "grad_output");
+    o = split_heads(o, 2, g, false, "output");
+    lse = split_heads(lse, 1, g, false, "logsumexp");
+  }
+
+  // dK and dV per (Hkv, G) for enable_gqa (summed over G below), else in key's shape.
+  const TensorView &key_in = call.key.view, &value_in = call.value.view;
+  Tensor dq(call.q.dtype, call.query.view.shape);
+  Tensor dk(key_in.dtype, g.active() ? call.k.shape : key_in.shape);
+  Tensor dv(value_in.dtype, g.active() ? call.v.shape : value_in.shape);
+  Tensor dbias, dsinks;
+  attend::AttentionGradientViews views{
+      result_view(dq.data(), dq.dtype(), dq.shape(), 2, g), dk.view(), dv.view(), {}, {}};
+  if (want_bias && call.options.bias) {
+    dbias = Tensor(call.options.bias->dtype, call.options.bias->shape);
+    views.bias = dbias.view();
+  }
+  if (want_sinks && call.options.sinks) {
+    dsinks = Tensor(call.options.sinks->dtype, call.options.sinks->shape);
+    views.sinks = dsinks.view();
+  }
+  {
+    py::gil_scoped_release release;
+    attend::scaled_dot_product_attention_backward_into(d_o, call.q, call.k, call.v, o, lse, views,
+                                                       call.options);
+    if (g.active()) {
+      dk = sum_over_axis(dk, dk.shape().rank() - 3, key_in.shape);
+      dv = sum_over_axis(dv, dv.shape().rank() - 3, value_in.shape);
+    }
+  }
+  // dBias was computed for the (possibly regrouped) bias view: same elements in the same
+  // order as the caller's bias, so its shape is the caller's.
+  const std::optional<Shape> bias_shape =
+      call.bias ? std::optional<Shape>(call.bias->view.shape) : std::nullopt;
+  return py::make_tuple(to_python(std::move(dq), kind), to_python(std::move(dk), kind),
+                        to_python(std::move(dv), kind),
+                        to_python_or_none(std::move(dbias), kind, bias_shape),
+                        to_python_or_none(std::move(dsinks), kind));
+}
+
+namespace {
+
+// sdpa as a METH_FASTCALL function: pybind11's dispatcher costs about 0.5 us for twelve
+// arguments, a sixth of the overhead budget of a small call.
+PyObject* sdpa_fastcall(PyObject*, PyObject* const* args, Py_ssize_t count) {
+  try {
+    if (count != 12) throw attend::Error("internal: sdpa takes 12 arguments");
+    const double dropout = PyFloat_AsDouble(args[7]);
+    const uint64_t seed = PyLong_AsUnsignedLongLong(args[8]);
+    const long flags = PyLong_AsLong(args[9]);
+    const long num_threads = PyLong_AsLong(args[10]);
+    if (PyErr_Occurred()) throw py::error_already_set();
+    py::object result =
+        sdpa(args[0], args[1], args[2], args[3], args[4], args[5], args[6], dropout, seed,
+             static_cast<int>(flags), static_cast<int>(num_threads), args[11]);
+    return result.release().ptr();
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+}
+
+// attend.scaled_dot_product_attention itself, in C: a Python function's frame and argument
+// handling cost half a microsecond of the 3 us a small call may add. This handles PyTorch's
+// arguments with return_weights, seed, num_threads and out; anything else (another keyword,
+// dropout without a seed, a torch input that requires grad, wrong arguments) goes to the
+// Python implementation, attend._functional.scaled_dot_product_attention, with the call as
+// it was made.
+enum EntryArgument : int {
+  kQuery,
+  kKey,
+  kValue,
+  kAttnMask,
+  kDropoutP,
+  kIsCausal,
+  kScale,
+  kEnableGqa,  // positional
+  kReturnWeights,
+  kSeed,
+  kNumThreads,
+  kOut,  // keyword only
+  kEntryArguments
+};
+constexpr int kPositionalArguments = kEnableGqa + 1;
+const char* const kEntryNames[kEntryArguments] = {
+    "query", "key",        "value",          "attn_mask", "dropout_p",   "is_causal",
+    "scale", "enable_gqa", "return_weights", "seed",      "num_threads", "out"};
+
+PyObject* python_implementation(PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  static PyObject* function = nullptr;  // never released: lives as long as the module
+  if (function == nullptr) {
+    PyObject* module = PyImport_ImportModule("attend._functional");
+    if (module == nullptr) return nullptr;
+    function = PyObject_GetAttrString(module, "scaled_dot_product_attention");
+    Py_DECREF(module);
+    if (function == nullptr) return nullptr;
+  }
+  return PyObject_Vectorcall(function, args, nargsf, kwnames);
+}
+
+PyObject* sdpa_entry(PyObject*, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  static PyObject* names[kEntryArguments] = {};
+  if (names[0] == nullptr) {
+    for (int i = 0; i < kEntryArguments; ++i) names[i] = PyUnicode_InternFromString(kEntryNames[i]);
+  }
+  const auto defer = [&] { return python_implementation(args, nargsf, kwnames); };
+  const Py_ssize_t positional = PyVectorcall_NARGS(nargsf);
+  if (positional > kPositionalArguments) return defer();
+  PyObject* a[kEntryArguments] = {};
+  for (Py_ssize_t i = 0; i < positional; ++i) a[i] = args[i];
+  const Py_ssize_t keywords = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t j = 0; j < keywords; ++j) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, j);
+    int found = -1;  // keywords in calls are interned: compare pointers first
+    for (int i = 0; i < kEntryArguments && found < 0; ++i) {
+      if (name == names[i]) found = i;
+    }
+    for (int i = 0; i < kEntryArguments && found < 0; ++i) {
+      if (PyUnicode_Compare(name, names[i]) == 0) found = i;
+    }
+    if (found < 0 || a[found] != nullptr) return defer();
+    a[found] = args[positional + j];
+  }
+  if (a[kQuery] == nullptr || a[kKey] == nullptr || a[kValue] == nullptr) return defer();
+  const auto given = [&](int i) { return a[i] != nullptr && a[i] != Py_None; };
+  const auto truth = [&](int i) { return a[i] != nullptr && PyObject_IsTrue(a[i]) == 1; };
+  try {
+    const double dropout = given(kDropoutP) ? PyFloat_AsDouble(a[kDropoutP]) : 0.0;
+    const uint64_t seed = given(kSeed) ? PyLong_AsUnsignedLongLong(a[kSeed]) : 0;
+    const long num_threads = given(kNumThreads) ? PyLong_AsLong(a[kNumThreads]) : 0;
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      return defer();  // the Python implementation reports it
+    }
+    if (dropout != 0.0 && !given(kSeed)) return defer();  // the seed comes from torch or NumPy
+    const bool return_weights = truth(kReturnWeights);
+    int flags = kTopLeft | kUnlessGradNeeded | kPyTorchMask;
+    if (truth(kIsCausal)) flags |= kCausal;
+    if (truth(kEnableGqa)) flags |= kGroupedQuery;
+    if (return_weights) flags |= kNeedWeights;
+    const py::handle none = Py_None;
+    const auto handle = [&](int i) { return a[i] ? py::handle(a[i]) : none; };
+    py::object result =
+        sdpa(a[kQuery], a[kKey], a[kValue], handle(kAttnMask), none, none, handle(kScale), dropout,
+             seed, flags, static_cast<int>(num_threads), handle(kOut));
+    if (result.ptr() == Py_NotImplemented) return defer();  // gradients: attend/_autograd.py
+    if (!return_weights) return result.release().ptr();
+    return py::make_tuple(result[py::int_(0)], result[py::int_(1)]).release().ptr();
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+}
+
+PyMethodDef sdpa_entry_method = {
+    "scaled_dot_product_attention",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(sdpa_entry)),
+    METH_FASTCALL | METH_KEYWORDS, nullptr};  // the docstring is set from Python
+
+PyMethodDef sdpa_method = {
+    "sdpa", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(sdpa_fastcall)),
+    METH_FASTCALL,
+    "sdpa(query, key, value, mask, bias, rules, scale, dropout, seed, "
+    "flags, num_threads, out): see sdpa_bindings.cpp"};
+
+}  // namespace
+
+void bind_sdpa(py::module_& m) {
+  m.attr("sdpa") = py::reinterpret_steal<py::object>(PyCFunction_New(&sdpa_method, nullptr));
+  m.attr("scaled_dot_product_attention") =
+      py::reinterpret_steal<py::object>(PyCFunction_New(&sdpa_entry_method, nullptr));
+  // (mask, bias): PyTorch's attn_mask as attend's, by the rule of the C entry.
+  m.def("split_attn_mask", [](py::object attn_mask, bool is_causal) {
+    const Borrowed view = borrow(attn_mask, "attn_mask");
+    const bool additive = is_additive_mask(view.view.dtype, is_causal);
+    return additive ? py::make_tuple(py::none(), attn_mask) : py::make_tuple(attn_mask, py::none());
+  });
+  // The entry's docstring (with its signature line, for inspect) is the Python
+  // implementation's; set once at import (attend/__init__.py).
+  m.def("set_entry_doc", [](const std::string& doc) {
+    static std::string* text = new std::string;  // outlives the function object
+    *text = doc;
+    sdpa_entry_method.ml_doc = text->c_str();
+  });
+  m.def("sdpa_backward", &sdpa_backward, "see sdpa_bindings.cpp");
+  m.attr("FLAG_CAUSAL") = int{kCausal};
+  m.attr("FLAG_TOP_LEFT") = int{kTopLeft};
+  m.attr("FLAG_NEED_WEIGHTS") = int{kNeedWeights};
+  m.attr("FLAG_NEED_LOGSUMEXP") = int{kNeedLogsumexp};
+  m.attr("FLAG_ZERO_MASKED_ROWS") = int{kZeroMaskedRows};
+  m.attr("FLAG_GROUPED_QUERY") = int{kGroupedQuery};
+  m.attr("FLAG_BACKEND_FUSED") = int{kBackendFused};
+  m.attr("FLAG_BACKEND_REFERENCE") = int{kBackendReference};
+  m.attr("FLAG_UNLESS_GRAD_NEEDED") = int{kUnlessGradNeeded};
+}
+
+}  // namespace attend_python
