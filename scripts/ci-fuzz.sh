@@ -13,7 +13,7 @@ targets=(npy safetensors cli)
 
 start=$SECONDS
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
   -DATTEND_BUILD_FUZZERS=ON -DATTEND_BUILD_TESTS=OFF -DATTEND_BUILD_BENCH=OFF \
   -DATTEND_BUILD_EXAMPLES=OFF -DATTEND_BUILD_PYTHON=OFF >/dev/null
 cmake --build build-fuzz --target "${targets[@]/%/_fuzzer}"
