@@ -11,6 +11,7 @@
 
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
+#include "grouped_query.hpp"
 #include "kernels/kernel_list.hpp"
 #include "score_rules.hpp"
 #include "sdpa_boundary.hpp"
@@ -181,12 +182,7 @@ Problem validate_inputs(const TensorView& q, const TensorView& k, const TensorVi
                 describe("query", q) + ", " + describe("key", k) + ", " + describe("value", v));
   }
   const int batch_rank = q.rank() - 2;
-  for (int d = 0; d < batch_rank; ++d) {
-    if (k.shape[d] != q.shape[d] || v.shape[d] != q.shape[d]) {
-      throw Error("batch dimension " + std::to_string(d) + " differs: " + describe("query", q) +
-                  ", " + describe("key", k) + ", " + describe("value", v));
-    }
-  }
+  const int64_t kv_group = kv_group_of(q, k, v, options);  // batch dimensions, GQA
   if (k.shape.back(0) != q.shape.back(0)) {
     throw Error(describe("key", k) + " does not match " + describe("query", q) +
                 " in the last dimension (E)");
@@ -201,6 +197,7 @@ Problem validate_inputs(const TensorView& q, const TensorView& k, const TensorVi
   }
 
   Problem problem;
+  problem.kv_group = kv_group;
   for (int d = 0; d < batch_rank; ++d) problem.scores_shape.push_back(q.shape[d]);
   problem.output_shape = problem.scores_shape;
   problem.scores_shape.push_back(q.shape.back(1));
@@ -374,7 +371,13 @@ void run(const TensorView& query, const TensorView& key, const TensorView& value
     p.logsumexp_strides = row_vector_strides(*outputs.logsumexp);
   }
 
-  if (p.batch * p.query_len > 0) run_kernel(p, options.backend);
+  if (p.batch * p.query_len > 0) {
+    if (problem.kv_group > 1) {
+      run_kernel(split_kv_heads(p, problem.kv_group), options.backend);
+    } else {
+      run_kernel(p, options.backend);
+    }
+  }
 
   if (output_copy) convert(output_copy->view(), outputs.output);
   if (weights_copy) convert(weights_copy->view(), *outputs.weights);
@@ -458,6 +461,7 @@ std::string attention_kernel(const TensorView& query, const TensorView& key,
   // The plan only asks whether weights are written (they rule out the key split).
   float unused = 0;
   if (options.need_weights) p.weights = &unused;
+  if (problem.kv_group > 1) p = detail::split_kv_heads(p, problem.kv_group);
   return detail::chosen_kernel(p, options.backend);
 }
 

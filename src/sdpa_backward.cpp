@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "grouped_query.hpp"
 #include "kernels/kernel_list.hpp"
 #include "sdpa_boundary.hpp"
 #include "sdpa_params.hpp"
@@ -104,10 +105,23 @@ void run_backward(const TensorView& grad_output, const TensorView& query, const 
   const TensorView dv = detail::writable_kernel_float(gradients.value, dv_copy);
   bp.grad_query = dq.data_as<float>();
   bp.grad_query_strides = detail::plain_strides(dq);
-  bp.grad_key = dk.data_as<float>();
-  bp.grad_key_strides = detail::plain_strides(dk);
-  bp.grad_value = dv.data_as<float>();
-  bp.grad_value_strides = detail::plain_strides(dv);
+  // Grouped-query attention: dK and dV per query head into dense scratch, then summed over
+  // each group in a fixed order (detail::sum_kv_groups).
+  Tensor dense_dk, dense_dv;
+  const int64_t group = problem.kv_group;
+  if (group > 1) {
+    Shape dense_k = key.shape, dense_v = value.shape;
+    dense_k[key.rank() - 3] *= group;
+    dense_v[value.rank() - 3] *= group;
+    dense_dk = Tensor(DType::kFloat32, dense_k);
+    dense_dv = Tensor(DType::kFloat32, dense_v);
+  }
+  const TensorView dk_kernel = group > 1 ? dense_dk.view() : dk;
+  const TensorView dv_kernel = group > 1 ? dense_dv.view() : dv;
+  bp.grad_key = dk_kernel.data_as<float>();
+  bp.grad_key_strides = detail::plain_strides(dk_kernel);
+  bp.grad_value = dv_kernel.data_as<float>();
+  bp.grad_value_strides = detail::plain_strides(dv_kernel);
   Tensor grad_scores;
   const bool bias_gradient = gradients.bias.has_value() && options.bias.has_value();
   if (bias_gradient) {
@@ -116,7 +130,11 @@ void run_backward(const TensorView& grad_output, const TensorView& query, const 
     bp.grad_scores_strides = detail::plain_strides(grad_scores.view());
   }
 
-  if (p.batch * p.query_len > 0) {
+  if (p.batch * p.query_len > 0 && group > 1) {
+    detail::run_backward_kernel(detail::split_kv_heads(bp, group), options.backend);
+    detail::sum_kv_groups(dense_dk, dk, group);
+    detail::sum_kv_groups(dense_dv, dv, group);
+  } else if (p.batch * p.query_len > 0) {
     detail::run_backward_kernel(bp, options.backend);
   } else {  // no queries: nothing flows to K and V
     convert(Tensor::zeros(DType::kFloat32, dk.shape).view(), dk);

@@ -15,6 +15,8 @@ namespace attend::detail {
 struct Problem {
   Shape scores_shape;  // (batch..., Lq, Lk)
   Shape output_shape;  // (batch..., Lq, Ev)
+  // Query heads per K/V head (grouped-query attention, grouped_query.hpp); 1 without.
+  int64_t kv_group = 1;
 };
 
 // float32, float16 or bfloat16: what query, key, value, bias (and dO, O) may be.

@@ -223,6 +223,21 @@ TEST_F(AttendCli, ScoreRulesMatchTheLibrary) {
   EXPECT_LT(max_difference(read_npy(path("W.npy")), expected.weights), kTolerance);
 }
 
+TEST_F(AttendCli, GroupedQueryAttentionFromShapesAndFlag) {
+  // Multi-query: one K/V head for the query's two.
+  write("K.npy", filled(Shape({1, 7, 8}), 2));
+  write("V.npy", filled(Shape({1, 7, 3}), 3));
+  const RunResult result = run({"sdpa", "--query", "Q.npy", "--key", "K.npy", "--value", "V.npy",
+                                "--kv-heads", "1", "--out", "O.npy"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  const AttentionResult expected = reference(directory_.path().string(), AttentionOptions{});
+  EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
+  const RunResult wrong = run({"sdpa", "--query", "Q.npy", "--key", "K.npy", "--value", "V.npy",
+                               "--kv-heads", "2", "--out", "O2.npy"});
+  EXPECT_NE(wrong.exit_status, 0);
+  EXPECT_NE(wrong.err.find("num_kv_heads 2 does not match"), std::string::npos) << wrong.err;
+}
+
 TEST_F(AttendCli, SinkGradientIsWritten) {
   write("S.npy", filled(Shape({2}), 11));
   write("G.npy", filled(Shape({2, 5, 3}), 12));

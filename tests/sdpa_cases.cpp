@@ -263,6 +263,8 @@ SdpaCase parse_sdpa_case(const std::string& line) {
       c.documents = parse_int(line, key, value);
     } else if (key == "prefix") {
       c.prefix = parse_int(line, key, value);
+    } else if (key == "kv_heads") {
+      c.kv_heads = parse_int(line, key, value);
     } else {
       bad_case(line, "unknown key '" + key + "'");
     }
@@ -294,10 +296,16 @@ CaseInputs make_case_inputs(const SdpaCase& c) {
   CaseInputs in;
   in.query_storage = make_operand(c, query_layout, c.query_len, c.head_dim, seed + 1,
                                   c.query_key_magnitude, in.query);
-  in.key_storage =
-      make_operand(c, kv_layout, c.key_len, c.head_dim, seed + 2, c.query_key_magnitude, in.key);
-  in.value_storage =
-      make_operand(c, kv_layout, c.key_len, c.value_dim, seed + 3, c.value_magnitude, in.value);
+  SdpaCase kv_case = c;  // grouped-query attention: fewer K/V heads
+  if (c.kv_heads > 0) {
+    if (c.batch_shape.empty())
+      throw std::runtime_error("case " + c.name + ": kv_heads needs a batch");
+    kv_case.batch_shape.back() = c.kv_heads;
+  }
+  in.key_storage = make_operand(kv_case, kv_layout, c.key_len, c.head_dim, seed + 2,
+                                c.query_key_magnitude, in.key);
+  in.value_storage = make_operand(kv_case, kv_layout, c.key_len, c.value_dim, seed + 3,
+                                  c.value_magnitude, in.value);
   if (c.mask != "none") {
     in.mask_storage = make_mask(c, seed + 4);
     in.options.mask = in.mask_storage.view();
@@ -496,6 +504,24 @@ void add_score_rules(ReferenceProblem& p, const AttentionOptions& options) {
   }
 }
 
+// Grouped-query attention: K or V (..., Hkv, L, D) as the dense (..., H, L, D) of the query's
+// H heads, K/V head h / (H / Hkv) repeated for query head h (repeat_interleave).
+std::vector<double> dense_heads(const std::vector<double>& values, const TensorView& query,
+                                const TensorView& operand) {
+  if (operand.rank() < 3 || operand.shape.back(2) == query.shape.back(2)) return values;
+  const int64_t heads = query.shape.back(2), kv_heads = operand.shape.back(2);
+  const int64_t group = heads / kv_heads, head_size = operand.shape.back(1) * operand.shape.back(0);
+  const int64_t outer = static_cast<int64_t>(values.size()) / (kv_heads * head_size);
+  std::vector<double> dense;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const auto first = values.begin() + (o * kv_heads + h / group) * head_size;
+      dense.insert(dense.end(), first, first + head_size);
+    }
+  }
+  return dense;
+}
+
 }  // namespace
 
 ReferenceProblem reference_problem(const TensorView& query, const TensorView& key,
@@ -508,8 +534,8 @@ ReferenceProblem reference_problem(const TensorView& query, const TensorView& ke
   p.head_dim = query.shape.back(0);
   p.value_dim = value.shape.back(0);
   p.query = values_of(query);
-  p.key = values_of(key);
-  p.value = values_of(value);
+  p.key = dense_heads(values_of(key), query, key);
+  p.value = dense_heads(values_of(value), query, value);
   if (options.mask) {
     p.has_mask = true;
     p.mask_shape = dims_of(options.mask->shape);

@@ -56,6 +56,9 @@ struct SdpaCase {
   int64_t documents = 0;  // docs=N: N documents of seeded unequal lengths (keys; queries
                           // take the document of their aligned position)
   int64_t prefix = 0;     // prefix=
+  // kv_heads=N: key and value with N heads (the last batch dimension) for the query's H:
+  // grouped-query attention; 0: as many as the query.
+  int64_t kv_heads = 0;
 };
 
 // Parses one case line; throws std::runtime_error naming the bad key or value.

@@ -193,9 +193,10 @@ TEST(CaseGrid, LoadsAndCoversEveryOptionKind) {
     if (s.sinks) covered.insert("sinks");
     if (s.documents > 0) covered.insert("documents");
     if (s.prefix > 0) covered.insert("prefix");
+    if (s.kv_heads > 0) covered.insert("grouped-query");
   }
-  for (const char* rule :
-       {"top-left", "window", "alibi", "softcap", "sinks", "documents", "prefix"}) {
+  for (const char* rule : {"top-left", "window", "alibi", "softcap", "sinks", "documents", "prefix",
+                           "grouped-query"}) {
     EXPECT_TRUE(covered.count(rule)) << "no case with the score rule " << rule;
   }
   for (const char* kind :

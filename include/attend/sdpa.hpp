@@ -7,7 +7,10 @@
 //   output  = weights · V                                     (..., Lq, Ev)
 //
 // Shapes: query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev) with 0 to 4 leading batch
-// dimensions, equal across query, key and value. mask and bias broadcast to (..., Lq, Lk).
+// dimensions, equal across query, key and value, except that the last batch dimension (the
+// heads) of key and value may be Hkv dividing query's H: grouped-query attention (multi-query
+// for Hkv = 1), query head h reading K/V head h / (H / Hkv), without copying K or V (at most
+// 3 batch dimensions then). mask and bias broadcast to (..., Lq, Lk).
 // The variants of the score (causal alignment, sliding window, ALiBi, softcap, sinks,
 // documents, prefix-LM, user rules) and the order they apply in: attend/score_rules.hpp.
 #pragma once
@@ -72,6 +75,9 @@ struct AttentionOptions {
   int64_t prefix = 0;
   // Rules written by the user (attend/score_mod.hpp); they apply after the built-in ones.
   std::optional<UserScoreRules> user_rules;
+  // Grouped-query attention: the heads of key and value (their last batch dimension). 0 takes
+  // them from key's shape; a positive value must match it (a check for callers that mean it).
+  int64_t num_kv_heads = 0;
   // Multiplies Q·Kᵀ; default 1/sqrt(E). Any finite value.
   std::optional<double> scale;
   FullyMaskedRows fully_masked_rows = FullyMaskedRows::kUniform;

@@ -43,6 +43,7 @@ struct SdpaArguments {
   std::string sinks_path, grad_sinks_path;
   std::string segment_query_path, segment_key_path;
   std::string prefix_text;
+  std::string kv_heads_text;
   std::string scale_text;
   std::string dropout_text;
   std::string seed_text;
@@ -163,6 +164,10 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
   if (given("--prefix")) {
     options.prefix =
         static_cast<int64_t>(parse_integer("--prefix", arguments.prefix_text, 0, INT64_MAX));
+  }
+  if (given("--kv-heads")) {
+    options.num_kv_heads =
+        static_cast<int64_t>(parse_integer("--kv-heads", arguments.kv_heads_text, 1, INT64_MAX));
   }
   if (given("--segment-ids-q") != given("--segment-ids-k")) {
     throw Error(
@@ -339,6 +344,10 @@ Command add_sdpa_command(CLI::App& app) {
                    "prefix-LM: keys j < P are visible to every query; the rest follow --causal "
                    "or --window")
       ->type_name("P");
+  sdpa->add_option("--kv-heads", arguments->kv_heads_text,
+                   "grouped-query attention: key and value have N heads (their last batch "
+                   "dimension) dividing the query's; inferred from the shapes when absent")
+      ->type_name("N");
   sdpa->add_option("--scale", arguments->scale_text, "multiplies Q·Kᵀ (default 1/sqrt(E))")
       ->type_name("FLOAT");
   sdpa->add_option("--dropout", arguments->dropout_text, "dropout probability in [0, 1)")
