@@ -11,19 +11,11 @@
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
+#include "serving_support.hpp"
 #include "test_support.hpp"
 
 namespace attend::test {
 namespace {
-
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& error) {
-    return error.what();
-  }
-  return "<no attend::Error>";
-}
 
 // (B, Hkv, L, D) → (B, Hkv·group, L, D), K/V head h / group for head h.
 Tensor repeat_heads(const Tensor& t, int64_t group) {
@@ -38,10 +30,6 @@ Tensor repeat_heads(const Tensor& t, int64_t group) {
     }
   }
   return dense;
-}
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
 TEST(GroupedQuery, EqualsTheDenseProblemBitwise) {

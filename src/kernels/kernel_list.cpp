@@ -58,6 +58,10 @@ void run_kernel(const SdpaParams& params, Backend backend) {
   choose(kCandidates, params, backend).run(params);
 }
 
+KernelRun chosen_kernel_run(const SdpaParams& params, Backend backend) {
+  return choose(kCandidates, params, backend).run;
+}
+
 void run_backward_kernel(const SdpaBackwardParams& params, Backend backend) {
   choose(kBackwardCandidates, params, backend).run(params);
 }

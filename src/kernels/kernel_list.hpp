@@ -14,6 +14,11 @@ namespace attend::detail {
 // attend::Error with its reason when that one rejects).
 void run_kernel(const SdpaParams& params, Backend backend);
 
+// The function run_kernel would call for `params` (a prepared call keeps it: the choice
+// depends on the backend and the query length only).
+using KernelRun = void (*)(const SdpaParams&);
+KernelRun chosen_kernel_run(const SdpaParams& params, Backend backend);
+
 // The same for the backward pass.
 void run_backward_kernel(const SdpaBackwardParams& params, Backend backend);
 
