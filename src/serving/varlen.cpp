@@ -1,0 +1,300 @@
+// varlen.cpp: ragged batches (attend/varlen.hpp). Each sequence is a dense problem on strided
+// views of the packed tensors: query (H, Lq_s, E) with strides (E, H·E, 1) from row
+// cu_seqlens_q[s], key and value likewise; everything is validated before any output is
+// written, then the sequences run (large ones on all threads, small ones side by side).
+#include "attend/varlen.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "attend/runtime.hpp"
+#include "attend/sdpa_backward.hpp"
+#include "sdpa_boundary.hpp"
+
+namespace attend {
+namespace {
+
+struct Sequence {
+  int64_t q_begin, q_len, k_begin, k_len;
+};
+
+// The offsets of one cu_seqlens tensor, as int64.
+std::vector<int64_t> read_offsets(const char* name, const TensorView& cu, int64_t total) {
+  detail::check_view(name, cu);
+  if (cu.dtype != DType::kInt32) {
+    throw Error(std::string(name) + ": dtype " + dtype_name(cu.dtype) + " should be int32");
+  }
+  if (cu.rank() != 1 || cu.shape[0] < 1) {
+    throw Error(detail::describe(name, cu) + " should be (B + 1) offsets, B >= 0");
+  }
+  std::vector<int64_t> offsets(static_cast<size_t>(cu.shape[0]));
+  for (int64_t n = 0; n < cu.shape[0]; ++n) {
+    offsets[static_cast<size_t>(n)] = cu.data_as<const int32_t>()[n * cu.strides[0]];
+  }
+  if (offsets[0] != 0) {
+    throw Error(std::string(name) + "[0] is " + std::to_string(offsets[0]) + ", should be 0");
+  }
+  for (size_t n = 1; n < offsets.size(); ++n) {
+    if (offsets[n] < offsets[n - 1]) {
+      throw Error(std::string(name) + " is not non-decreasing: [" + std::to_string(n - 1) +
+                  "] = " + std::to_string(offsets[n - 1]) + " > [" + std::to_string(n) +
+                  "] = " + std::to_string(offsets[n]));
+    }
+  }
+  if (offsets.back() != total) {
+    throw Error(std::string(name) + "[B] is " + std::to_string(offsets.back()) +
+                " but the packed tensor holds " + std::to_string(total) + " tokens");
+  }
+  return offsets;
+}
+
+void check_packed(const char* name, const TensorView& t) {
+  detail::check_view(name, t);
+  if (t.rank() != 3) {
+    throw Error(detail::describe(name, t) + ": expected (total tokens, heads, dim)");
+  }
+}
+
+// Sequence s of a packed (total, heads, dim) tensor as (heads, length, dim).
+TensorView sequence_view(const TensorView& packed, int64_t begin, int64_t length) {
+  TensorView v = packed;
+  v.data = static_cast<char*>(packed.data) +
+           begin * packed.strides[0] * static_cast<int64_t>(dtype_size(packed.dtype));
+  if (length == 0) v.data = packed.data;
+  v.shape = Shape({packed.shape[1], length, packed.shape[2]});
+  v.strides = Shape({packed.strides[1], packed.strides[0], packed.strides[2]});
+  return v;
+}
+
+// Sequence s of the (total_q, H) logsumexp as (H, Lq).
+TensorView sequence_rows(const TensorView& packed, int64_t begin, int64_t length) {
+  TensorView v = packed;
+  v.data = static_cast<char*>(packed.data) + begin * packed.strides[0] * 4;
+  v.shape = Shape({packed.shape[1], length});
+  v.strides = Shape({packed.strides[1], packed.strides[0]});
+  return v;
+}
+
+// The checks shared by the forward and the backward: shapes, offsets, options; the
+// sequences, each validated as the dense call on its views.
+std::vector<Sequence> validate(const TensorView& query, const TensorView& key,
+                               const TensorView& value, const TensorView& cu_q,
+                               const TensorView& cu_k, const AttentionOptions& options) {
+  check_packed("query", query);
+  check_packed("key", key);
+  check_packed("value", value);
+  if (key.shape[0] != value.shape[0] || key.shape[1] != value.shape[1]) {
+    throw Error(detail::describe("key", key) + " and " + detail::describe("value", value) +
+                " differ in tokens or heads");
+  }
+  if (options.mask || options.bias || options.segment_ids_query || options.segment_ids_key) {
+    throw Error(
+        "ragged attention: mask, bias and segment ids are not supported (the packing "
+        "says which keys each query sees)");
+  }
+  if (options.dropout != 0.0) throw Error("ragged attention: dropout is not supported");
+  if (options.need_weights) throw Error("ragged attention: need_weights is not supported");
+  const std::vector<int64_t> q_offsets = read_offsets("cu_seqlens_q", cu_q, query.shape[0]);
+  const std::vector<int64_t> k_offsets = read_offsets("cu_seqlens_k", cu_k, key.shape[0]);
+  if (q_offsets.size() != k_offsets.size()) {
+    throw Error("cu_seqlens_q has " + std::to_string(q_offsets.size()) +
+                " offsets and cu_seqlens_k " + std::to_string(k_offsets.size()) +
+                ": both should be B + 1");
+  }
+  std::vector<Sequence> sequences;
+  for (size_t s = 0; s + 1 < q_offsets.size(); ++s) {
+    const Sequence seq{q_offsets[s], q_offsets[s + 1] - q_offsets[s], k_offsets[s],
+                       k_offsets[s + 1] - k_offsets[s]};
+    if (seq.q_len > 0 && seq.k_len == 0) {
+      throw Error("sequence " + std::to_string(s) + " has " + std::to_string(seq.q_len) +
+                  " queries but no keys (softmax over no keys is undefined)");
+    }
+    if (seq.q_len > 0) {
+      try {
+        (void)detail::validate_inputs(sequence_view(query, seq.q_begin, seq.q_len),
+                                      sequence_view(key, seq.k_begin, seq.k_len),
+                                      sequence_view(value, seq.k_begin, seq.k_len), options);
+      } catch (const Error& error) {
+        throw Error("sequence " + std::to_string(s) + ": " + error.what());
+      }
+    }
+    sequences.push_back(seq);
+  }
+  return sequences;
+}
+
+void check_packed_output(const char* name, const TensorView& out, const Shape& expected,
+                         DType dtype, const std::vector<const TensorView*>& inputs) {
+  detail::check_view(name, out);
+  if (out.shape != expected) {
+    throw Error(detail::describe(name, out) + " does not match the expected shape " +
+                expected.str());
+  }
+  if (out.dtype != dtype) {
+    throw Error(std::string(name) + ": dtype " + dtype_name(out.dtype) + " should be " +
+                dtype_name(dtype));
+  }
+  for (int d = 0; d < out.rank() && out.numel() > 0; ++d) {
+    if (out.strides[d] == 0 && out.shape[d] > 1) {
+      throw Error(std::string(name) + ": zero stride in dimension " + std::to_string(d));
+    }
+  }
+  for (const TensorView* input : inputs) {
+    if (detail::overlaps(out, *input)) {
+      throw Error(std::string(name) + " overlaps the memory of an input");
+    }
+  }
+}
+
+// Runs body(s, threads) for every sequence with queries: those with at least a thread's share
+// of the work one after another on all threads, then the rest in parallel on one thread
+// each, the largest first. Each sequence's result does not depend on its thread count.
+template <class Body>
+void schedule(const std::vector<Sequence>& sequences, int64_t heads, int threads,
+              const Body& body) {
+  std::vector<std::pair<double, size_t>> work;
+  double total = 0;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    if (sequences[s].q_len == 0) continue;
+    const double w = static_cast<double>(heads) * static_cast<double>(sequences[s].q_len) *
+                     static_cast<double>(sequences[s].k_len);
+    work.emplace_back(w, s);
+    total += w;
+  }
+  std::stable_sort(work.begin(), work.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  size_t first_small = 0;
+  while (first_small < work.size() && threads > 1 && work[first_small].first * threads >= total) {
+    body(work[first_small++].second, threads);
+  }
+  if (threads <= 1) {
+    for (size_t n = first_small; n < work.size(); ++n) body(work[n].second, 1);
+    return;
+  }
+  std::exception_ptr failure;
+  const auto count = static_cast<int64_t>(work.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (auto n = static_cast<int64_t>(first_small); n < count; ++n) {
+    try {
+      body(work[static_cast<size_t>(n)].second, 1);
+    } catch (...) {
+#pragma omp critical(attend_varlen_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
+int threads_of(const AttentionOptions& options) {
+  if (options.num_threads < 0) {
+    throw Error("num_threads must be >= 0 (0 = default), got " +
+                std::to_string(options.num_threads));
+  }
+  return options.num_threads > 0 ? options.num_threads : default_num_threads();
+}
+
+}  // namespace
+
+void varlen_attention_into(const TensorView& query, const TensorView& key, const TensorView& value,
+                           const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                           const TensorView& output, const AttentionOptions& options,
+                           const TensorView* logsumexp) {
+  const int threads = threads_of(options);
+  const std::vector<Sequence> sequences =
+      validate(query, key, value, cu_seqlens_q, cu_seqlens_k, options);
+  const std::vector<const TensorView*> inputs = {&query, &key, &value, &cu_seqlens_q,
+                                                 &cu_seqlens_k};
+  check_packed_output("output", output, Shape({query.shape[0], query.shape[1], value.shape[2]}),
+                      query.dtype, inputs);
+  if (logsumexp) {
+    check_packed_output("logsumexp", *logsumexp, Shape({query.shape[0], query.shape[1]}),
+                        DType::kFloat32, inputs);
+    if (detail::overlaps(*logsumexp, output)) {
+      throw Error("logsumexp overlaps the memory of output");
+    }
+  }
+  AttentionOptions per_sequence = options;
+  per_sequence.need_logsumexp = false;
+  schedule(sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
+    const Sequence& seq = sequences[s];
+    AttentionOptions o = per_sequence;
+    o.num_threads = sequence_threads;
+    AttentionOutputViews outs;
+    outs.output = sequence_view(output, seq.q_begin, seq.q_len);
+    if (logsumexp) outs.logsumexp = sequence_rows(*logsumexp, seq.q_begin, seq.q_len);
+    scaled_dot_product_attention_into(sequence_view(query, seq.q_begin, seq.q_len),
+                                      sequence_view(key, seq.k_begin, seq.k_len),
+                                      sequence_view(value, seq.k_begin, seq.k_len), outs, o);
+  });
+}
+
+Tensor varlen_attention(const TensorView& query, const TensorView& key, const TensorView& value,
+                        const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                        const AttentionOptions& options) {
+  check_packed("query", query);
+  check_packed("value", value);
+  Tensor output(query.dtype, Shape({query.shape[0], query.shape[1], value.shape[2]}));
+  varlen_attention_into(query, key, value, cu_seqlens_q, cu_seqlens_k, output.view(), options);
+  return output;
+}
+
+void varlen_attention_backward_into(const TensorView& grad_output, const TensorView& query,
+                                    const TensorView& key, const TensorView& value,
+                                    const TensorView& output, const TensorView& logsumexp,
+                                    const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k,
+                                    const TensorView& grad_query, const TensorView& grad_key,
+                                    const TensorView& grad_value, const AttentionOptions& options) {
+  const int threads = threads_of(options);
+  const std::vector<Sequence> sequences =
+      validate(query, key, value, cu_seqlens_q, cu_seqlens_k, options);
+  const Shape out_shape({query.shape[0], query.shape[1], value.shape[2]});
+  for (auto [name, t] : {std::pair{"grad_output", &grad_output}, std::pair{"output", &output}}) {
+    detail::check_view(name, *t);
+    if (t->shape != out_shape) {
+      throw Error(detail::describe(name, *t) + " does not match " + out_shape.str());
+    }
+  }
+  detail::check_view("logsumexp", logsumexp);
+  if (logsumexp.shape != Shape({query.shape[0], query.shape[1]}) ||
+      logsumexp.dtype != DType::kFloat32) {
+    throw Error(detail::describe("logsumexp", logsumexp) + " should be float32 (total_q, H)");
+  }
+  const std::vector<const TensorView*> inputs = {
+      &grad_output, &query, &key, &value, &output, &logsumexp, &cu_seqlens_q, &cu_seqlens_k};
+  check_packed_output("grad_query", grad_query, query.shape, query.dtype, inputs);
+  check_packed_output("grad_key", grad_key, key.shape, key.dtype, inputs);
+  check_packed_output("grad_value", grad_value, value.shape, value.dtype, inputs);
+  if (detail::overlaps(grad_query, grad_key) || detail::overlaps(grad_query, grad_value) ||
+      detail::overlaps(grad_key, grad_value)) {
+    throw Error("grad_query, grad_key and grad_value must not overlap");
+  }
+  // Keys of sequences without queries receive no gradient.
+  for (const Sequence& seq : sequences) {
+    if (seq.q_len > 0 || seq.k_len == 0) continue;
+    for (const TensorView* grad : {&grad_key, &grad_value}) {
+      const TensorView view = sequence_view(*grad, seq.k_begin, seq.k_len);
+      convert(Tensor::zeros(DType::kFloat32, view.shape).view(), view);
+    }
+  }
+  schedule(sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
+    const Sequence& seq = sequences[s];
+    AttentionOptions o = options;
+    o.num_threads = sequence_threads;
+    const auto q_rows = [&](const TensorView& t) {
+      return sequence_view(t, seq.q_begin, seq.q_len);
+    };
+    const auto k_rows = [&](const TensorView& t) {
+      return sequence_view(t, seq.k_begin, seq.k_len);
+    };
+    const AttentionGradientViews grads{q_rows(grad_query), k_rows(grad_key), k_rows(grad_value),
+                                       std::nullopt, std::nullopt};
+    scaled_dot_product_attention_backward_into(
+        q_rows(grad_output), q_rows(query), k_rows(key), k_rows(value), q_rows(output),
+        sequence_rows(logsumexp, seq.q_begin, seq.q_len), grads, o);
+  });
+}
+
+}  // namespace attend
