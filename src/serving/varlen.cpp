@@ -13,43 +13,18 @@
 #include "attend/runtime.hpp"
 #include "attend/sdpa_backward.hpp"
 #include "sdpa_boundary.hpp"
+#include "serving/ragged.hpp"
 
 namespace attend {
 namespace {
 
-struct Sequence {
-  int64_t q_begin, q_len, k_begin, k_len;
-};
-
-// The offsets of one cu_seqlens tensor, as int64.
-std::vector<int64_t> read_offsets(const char* name, const TensorView& cu, int64_t total) {
-  detail::check_view(name, cu);
-  if (cu.dtype != DType::kInt32) {
-    throw Error(std::string(name) + ": dtype " + dtype_name(cu.dtype) + " should be int32");
-  }
-  if (cu.rank() != 1 || cu.shape[0] < 1) {
-    throw Error(detail::describe(name, cu) + " should be (B + 1) offsets, B >= 0");
-  }
-  std::vector<int64_t> offsets(static_cast<size_t>(cu.shape[0]));
-  for (int64_t n = 0; n < cu.shape[0]; ++n) {
-    offsets[static_cast<size_t>(n)] = cu.data_as<const int32_t>()[n * cu.strides[0]];
-  }
-  if (offsets[0] != 0) {
-    throw Error(std::string(name) + "[0] is " + std::to_string(offsets[0]) + ", should be 0");
-  }
-  for (size_t n = 1; n < offsets.size(); ++n) {
-    if (offsets[n] < offsets[n - 1]) {
-      throw Error(std::string(name) + " is not non-decreasing: [" + std::to_string(n - 1) +
-                  "] = " + std::to_string(offsets[n - 1]) + " > [" + std::to_string(n) +
-                  "] = " + std::to_string(offsets[n]));
-    }
-  }
-  if (offsets.back() != total) {
-    throw Error(std::string(name) + "[B] is " + std::to_string(offsets.back()) +
-                " but the packed tensor holds " + std::to_string(total) + " tokens");
-  }
-  return offsets;
-}
+using detail::check_packed_output;
+using detail::RaggedSequence;
+using detail::read_offsets;
+using detail::schedule_sequences;
+using detail::sequence_rows;
+using detail::sequence_view;
+using detail::threads_of;
 
 void check_packed(const char* name, const TensorView& t) {
   detail::check_view(name, t);
@@ -58,31 +33,11 @@ void check_packed(const char* name, const TensorView& t) {
   }
 }
 
-// Sequence s of a packed (total, heads, dim) tensor as (heads, length, dim).
-TensorView sequence_view(const TensorView& packed, int64_t begin, int64_t length) {
-  TensorView v = packed;
-  v.data = static_cast<char*>(packed.data) +
-           begin * packed.strides[0] * static_cast<int64_t>(dtype_size(packed.dtype));
-  if (length == 0) v.data = packed.data;
-  v.shape = Shape({packed.shape[1], length, packed.shape[2]});
-  v.strides = Shape({packed.strides[1], packed.strides[0], packed.strides[2]});
-  return v;
-}
-
-// Sequence s of the (total_q, H) logsumexp as (H, Lq).
-TensorView sequence_rows(const TensorView& packed, int64_t begin, int64_t length) {
-  TensorView v = packed;
-  v.data = static_cast<char*>(packed.data) + begin * packed.strides[0] * 4;
-  v.shape = Shape({packed.shape[1], length});
-  v.strides = Shape({packed.strides[1], packed.strides[0]});
-  return v;
-}
-
 // The checks shared by the forward and the backward: shapes, offsets, options; the
 // sequences, each validated as the dense call on its views.
-std::vector<Sequence> validate(const TensorView& query, const TensorView& key,
-                               const TensorView& value, const TensorView& cu_q,
-                               const TensorView& cu_k, const AttentionOptions& options) {
+std::vector<RaggedSequence> validate(const TensorView& query, const TensorView& key,
+                                     const TensorView& value, const TensorView& cu_q,
+                                     const TensorView& cu_k, const AttentionOptions& options) {
   check_packed("query", query);
   check_packed("key", key);
   check_packed("value", value);
@@ -104,10 +59,10 @@ std::vector<Sequence> validate(const TensorView& query, const TensorView& key,
                 " offsets and cu_seqlens_k " + std::to_string(k_offsets.size()) +
                 ": both should be B + 1");
   }
-  std::vector<Sequence> sequences;
+  std::vector<RaggedSequence> sequences;
   for (size_t s = 0; s + 1 < q_offsets.size(); ++s) {
-    const Sequence seq{q_offsets[s], q_offsets[s + 1] - q_offsets[s], k_offsets[s],
-                       k_offsets[s + 1] - k_offsets[s]};
+    const RaggedSequence seq{q_offsets[s], q_offsets[s + 1] - q_offsets[s], k_offsets[s],
+                             k_offsets[s + 1] - k_offsets[s]};
     if (seq.q_len > 0 && seq.k_len == 0) {
       throw Error("sequence " + std::to_string(s) + " has " + std::to_string(seq.q_len) +
                   " queries but no keys (softmax over no keys is undefined)");
@@ -126,76 +81,6 @@ std::vector<Sequence> validate(const TensorView& query, const TensorView& key,
   return sequences;
 }
 
-void check_packed_output(const char* name, const TensorView& out, const Shape& expected,
-                         DType dtype, const std::vector<const TensorView*>& inputs) {
-  detail::check_view(name, out);
-  if (out.shape != expected) {
-    throw Error(detail::describe(name, out) + " does not match the expected shape " +
-                expected.str());
-  }
-  if (out.dtype != dtype) {
-    throw Error(std::string(name) + ": dtype " + dtype_name(out.dtype) + " should be " +
-                dtype_name(dtype));
-  }
-  for (int d = 0; d < out.rank() && out.numel() > 0; ++d) {
-    if (out.strides[d] == 0 && out.shape[d] > 1) {
-      throw Error(std::string(name) + ": zero stride in dimension " + std::to_string(d));
-    }
-  }
-  for (const TensorView* input : inputs) {
-    if (detail::overlaps(out, *input)) {
-      throw Error(std::string(name) + " overlaps the memory of an input");
-    }
-  }
-}
-
-// Runs body(s, threads) for every sequence with queries: those with at least a thread's share
-// of the work one after another on all threads, then the rest in parallel on one thread
-// each, the largest first. Each sequence's result does not depend on its thread count.
-template <class Body>
-void schedule(const std::vector<Sequence>& sequences, int64_t heads, int threads,
-              const Body& body) {
-  std::vector<std::pair<double, size_t>> work;
-  double total = 0;
-  for (size_t s = 0; s < sequences.size(); ++s) {
-    if (sequences[s].q_len == 0) continue;
-    const double w = static_cast<double>(heads) * static_cast<double>(sequences[s].q_len) *
-                     static_cast<double>(sequences[s].k_len);
-    work.emplace_back(w, s);
-    total += w;
-  }
-  std::stable_sort(work.begin(), work.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  size_t first_small = 0;
-  while (first_small < work.size() && threads > 1 && work[first_small].first * threads >= total) {
-    body(work[first_small++].second, threads);
-  }
-  if (threads <= 1) {
-    for (size_t n = first_small; n < work.size(); ++n) body(work[n].second, 1);
-    return;
-  }
-  std::exception_ptr failure;
-  const auto count = static_cast<int64_t>(work.size());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (auto n = static_cast<int64_t>(first_small); n < count; ++n) {
-    try {
-      body(work[static_cast<size_t>(n)].second, 1);
-    } catch (...) {
-#pragma omp critical(attend_varlen_failure)
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
-}
-
-int threads_of(const AttentionOptions& options) {
-  if (options.num_threads < 0) {
-    throw Error("num_threads must be >= 0 (0 = default), got " +
-                std::to_string(options.num_threads));
-  }
-  return options.num_threads > 0 ? options.num_threads : default_num_threads();
-}
-
 }  // namespace
 
 void varlen_attention_into(const TensorView& query, const TensorView& key, const TensorView& value,
@@ -203,7 +88,7 @@ void varlen_attention_into(const TensorView& query, const TensorView& key, const
                            const TensorView& output, const AttentionOptions& options,
                            const TensorView* logsumexp) {
   const int threads = threads_of(options);
-  const std::vector<Sequence> sequences =
+  const std::vector<RaggedSequence> sequences =
       validate(query, key, value, cu_seqlens_q, cu_seqlens_k, options);
   const std::vector<const TensorView*> inputs = {&query, &key, &value, &cu_seqlens_q,
                                                  &cu_seqlens_k};
@@ -218,8 +103,8 @@ void varlen_attention_into(const TensorView& query, const TensorView& key, const
   }
   AttentionOptions per_sequence = options;
   per_sequence.need_logsumexp = false;
-  schedule(sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
-    const Sequence& seq = sequences[s];
+  schedule_sequences(sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
+    const RaggedSequence& seq = sequences[s];
     AttentionOptions o = per_sequence;
     o.num_threads = sequence_threads;
     AttentionOutputViews outs;
@@ -248,7 +133,7 @@ void varlen_attention_backward_into(const TensorView& grad_output, const TensorV
                                     const TensorView& grad_query, const TensorView& grad_key,
                                     const TensorView& grad_value, const AttentionOptions& options) {
   const int threads = threads_of(options);
-  const std::vector<Sequence> sequences =
+  const std::vector<RaggedSequence> sequences =
       validate(query, key, value, cu_seqlens_q, cu_seqlens_k, options);
   const Shape out_shape({query.shape[0], query.shape[1], value.shape[2]});
   for (auto [name, t] : {std::pair{"grad_output", &grad_output}, std::pair{"output", &output}}) {
@@ -272,15 +157,15 @@ void varlen_attention_backward_into(const TensorView& grad_output, const TensorV
     throw Error("grad_query, grad_key and grad_value must not overlap");
   }
   // Keys of sequences without queries receive no gradient.
-  for (const Sequence& seq : sequences) {
+  for (const RaggedSequence& seq : sequences) {
     if (seq.q_len > 0 || seq.k_len == 0) continue;
     for (const TensorView* grad : {&grad_key, &grad_value}) {
       const TensorView view = sequence_view(*grad, seq.k_begin, seq.k_len);
       convert(Tensor::zeros(DType::kFloat32, view.shape).view(), view);
     }
   }
-  schedule(sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
-    const Sequence& seq = sequences[s];
+  schedule_sequences(sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
+    const RaggedSequence& seq = sequences[s];
     AttentionOptions o = options;
     o.num_threads = sequence_threads;
     const auto q_rows = [&](const TensorView& t) {

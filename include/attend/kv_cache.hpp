@@ -1,0 +1,117 @@
+// attend/kv_cache.hpp: a paged key/value cache (vLLM's layout) and attention over it.
+//
+// Storage: fixed-size blocks, key_blocks (num_blocks, block_size, Hkv, E) and value_blocks
+// (num_blocks, block_size, Hkv, Ev), float32, float16 or bfloat16. A sequence's tokens live in
+// the blocks its block table lists: token t at block_table[t / block_size], row
+// t % block_size. Leading entries may be -1: blocks evicted by a sliding window (the
+// sequence's first kept token is then the first of its first listed block).
+//
+// paged_attention_into runs a batch that mixes prefill chunks and single-token decodes: the
+// queries are packed as in attend/varlen.hpp (query (total_q, H, E), cu_seqlens_q); sequence
+// s attends to its seq_lens[s] cached tokens (the new ones already appended), its queries
+// being the last Lq_s of them: causal (bottom-right, the default alignment) puts query i at
+// position seq_lens[s] − Lq_s + i. Every score rule of AttentionOptions applies per sequence
+// as in a dense call on the sequence's cached keys (not: mask, bias, segment ids, dropout,
+// need_weights; prefix and top-left alignment not with evicted blocks), and Hkv may divide H.
+// The result equals the dense call on the listed keys.
+//
+// Bad block tables (entries out of range, a block listed twice in the batch, too few entries
+// for a length, -1 after a listed block) are refused with attend::Error before anything is
+// read from the blocks or written to the output.
+//
+// Implementation note: a sequence whose kept blocks are consecutive in storage is read in
+// place (one strided view); others are gathered into a contiguous float32 copy per call.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "attend/sdpa.hpp"
+#include "attend/tensor.hpp"
+
+namespace attend {
+
+// query (total_q, H, E), cu_seqlens_q int32 (B + 1); key_blocks and value_blocks as above;
+// block_tables int32 (B, max_blocks_per_sequence); seq_lens int32 (B); output (total_q, H, Ev)
+// of query's dtype; logsumexp float32 (total_q, H) when given.
+void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_q,
+                          const TensorView& key_blocks, const TensorView& value_blocks,
+                          const TensorView& block_tables, const TensorView& seq_lens,
+                          const TensorView& output, const AttentionOptions& options = {},
+                          const TensorView* logsumexp = nullptr);
+
+struct KvCacheConfig {
+  int64_t num_blocks = 0;  // >= 1
+  int64_t block_size = 16;
+  int64_t kv_heads = 1;
+  int64_t head_dim = 64;
+  int64_t value_dim = 0;          // 0: head_dim
+  DType dtype = DType::kFloat32;  // float32, float16 or bfloat16
+};
+
+// A cache with its block tables and free list. Thread safety: the bookkeeping is behind a
+// mutex, so threads may add, append to, evict, attend over and remove *different* sequences
+// at once; appending to a sequence while another thread appends to or attends over the same
+// one is refused (attend::Error), not raced.
+class PagedKvCache {
+ public:
+  explicit PagedKvCache(const KvCacheConfig& config);
+
+  const KvCacheConfig& config() const { return config_; }
+  // (num_blocks, block_size, Hkv, E) and (num_blocks, block_size, Hkv, Ev).
+  TensorView key_blocks() const { return keys_.view(); }
+  TensorView value_blocks() const { return values_.view(); }
+  int64_t free_blocks() const;
+  // Bytes of key and value storage.
+  uint64_t bytes() const { return keys_.nbytes() + values_.nbytes(); }
+
+  // A new empty sequence; returns its id.
+  int64_t add_sequence();
+  // Returns the sequence's blocks to the free list.
+  void remove_sequence(int64_t id);
+  // Tokens appended so far (evicted ones included: positions stay absolute).
+  int64_t length(int64_t id) const;
+  // Block table, -1 for evicted blocks.
+  std::vector<int32_t> block_table(int64_t id) const;
+
+  // Writes the new tokens of sequences ids[s]: key (total_new, Hkv, E) and value
+  // (total_new, Hkv, Ev) of any floating dtype, cu_seqlens int32 (B + 1) packing them.
+  // Allocates blocks from the free list (lowest free index first); a cache without enough
+  // free blocks is refused before anything is written.
+  void append(const std::vector<int64_t>& ids, const TensorView& key, const TensorView& value,
+              const TensorView& cu_seqlens);
+
+  // Returns to the free list the blocks of `id` whose every token is older than the last
+  // `window` tokens (j < length − window): what a sliding window of that size never sees
+  // again from the next query on.
+  void evict_outside_window(int64_t id, int64_t window);
+
+  // Attention of the batch: sequence s = ids[s] has the packed queries of cu_seqlens_q
+  // (the last of its cached tokens), as paged_attention_into.
+  void attend(const std::vector<int64_t>& ids, const TensorView& query,
+              const TensorView& cu_seqlens_q, const TensorView& output,
+              const AttentionOptions& options = {}, const TensorView* logsumexp = nullptr) const;
+
+ private:
+  struct Sequence {
+    int64_t length = 0;
+    std::vector<int32_t> blocks;  // -1: evicted
+    mutable int readers = 0;      // attend() calls in flight (const: attend is const)
+    bool writing = false;
+  };
+  Sequence& find(int64_t id);
+  const Sequence& find(int64_t id) const;
+  int32_t take_block();
+
+  KvCacheConfig config_;
+  Tensor keys_, values_;
+  mutable std::mutex mutex_;
+  std::vector<int32_t> free_;  // kept sorted descending: the lowest index is at the back
+  std::map<int64_t, Sequence> sequences_;
+  int64_t next_id_ = 0;
+};
+
+}  // namespace attend

@@ -1,0 +1,451 @@
+// kv_cache.cpp: the paged KV cache and attention over it (attend/kv_cache.hpp). Every block
+// table is checked against the storage before a block is read; each sequence then runs as a
+// dense call on its cached keys: a strided view of the blocks in place when they are
+// consecutive, else a contiguous gathered copy.
+#include "attend/kv_cache.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "sdpa_boundary.hpp"
+#include "serving/ragged.hpp"
+
+namespace attend {
+namespace {
+
+using detail::RaggedSequence;
+
+// One sequence's keys in the blocks: kept blocks first_block.. of its table row.
+struct CachedKeys {
+  const int32_t* table = nullptr;  // row s of block_tables
+  int64_t first_block = 0;         // first kept (not evicted) entry
+  int64_t blocks = 0;              // entries in use: ceil(len / block_size)
+  int64_t start = 0;               // first kept token
+  bool consecutive = false;        // kept blocks adjacent in storage, in order
+};
+
+int32_t table_entry(const TensorView& tables, int64_t s, int64_t n) {
+  return tables.data_as<const int32_t>()[s * tables.strides[0] + n * tables.strides[1]];
+}
+
+void check_blocks(const char* name, const TensorView& blocks) {
+  detail::check_view(name, blocks);
+  if (blocks.rank() != 4) {
+    throw Error(detail::describe(name, blocks) +
+                ": expected (num_blocks, block_size, kv_heads, dim)");
+  }
+  if (!detail::is_attention_float(blocks.dtype)) {
+    throw Error(std::string(name) + ": dtype " + dtype_name(blocks.dtype) +
+                " is not supported (float32, float16 or bfloat16)");
+  }
+}
+
+// Tokens [start, start + length) of a sequence as (Hkv, length, D): in place when its kept
+// blocks are consecutive and of the query's dtype, else gathered into `copy`.
+TensorView cached_view(const TensorView& blocks, const CachedKeys& keys, int64_t length,
+                       DType dtype, std::optional<Tensor>& copy) {
+  const int64_t bs = blocks.shape[1], heads = blocks.shape[2], dim = blocks.shape[3];
+  const Shape& st = blocks.strides;
+  const auto element = static_cast<int64_t>(dtype_size(blocks.dtype));
+  const auto block_data = [&](int32_t b) {
+    return static_cast<char*>(blocks.data) + b * st[0] * element;
+  };
+  if (keys.consecutive && blocks.dtype == dtype && st[0] == bs * st[1]) {
+    return TensorView(block_data(keys.table[keys.first_block]), dtype, Shape({heads, length, dim}),
+                      Shape({st[2], st[1], st[3]}));
+  }
+  copy.emplace(dtype, Shape({length, heads, dim}));
+  for (int64_t t = 0; t < length;) {
+    const int64_t n = keys.first_block + t / bs;
+    const int64_t rows = std::min(bs, length - t);
+    const TensorView source(block_data(keys.table[n]), blocks.dtype, Shape({rows, heads, dim}),
+                            Shape({st[1], st[2], st[3]}));
+    const TensorView dest(
+        copy->data_as<char>() + t * heads * dim * static_cast<int64_t>(dtype_size(dtype)), dtype,
+        Shape({rows, heads, dim}));
+    convert(source, dest);
+    t += rows;
+  }
+  return TensorView(copy->data(), dtype, Shape({heads, length, dim}), Shape({dim, heads * dim, 1}));
+}
+
+}  // namespace
+
+void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_q,
+                          const TensorView& key_blocks, const TensorView& value_blocks,
+                          const TensorView& block_tables, const TensorView& seq_lens,
+                          const TensorView& output, const AttentionOptions& options,
+                          const TensorView* logsumexp) {
+  const int threads = detail::threads_of(options);
+  detail::check_view("query", query);
+  if (query.rank() != 3) {
+    throw Error(detail::describe("query", query) + ": expected (total tokens, heads, dim)");
+  }
+  check_blocks("key_blocks", key_blocks);
+  check_blocks("value_blocks", value_blocks);
+  for (int d = 0; d < 3; ++d) {
+    if (key_blocks.shape[d] != value_blocks.shape[d]) {
+      throw Error(detail::describe("key_blocks", key_blocks) + " and " +
+                  detail::describe("value_blocks", value_blocks) + " differ in dimension " +
+                  std::to_string(d));
+    }
+  }
+  if (key_blocks.shape[1] < 1) throw Error("key_blocks: block_size must be >= 1");
+  if (options.mask || options.bias || options.segment_ids_query || options.segment_ids_key ||
+      options.dropout != 0.0 || options.need_weights) {
+    throw Error(
+        "paged attention: mask, bias, segment ids, dropout and need_weights are not "
+        "supported");
+  }
+  const std::vector<int64_t> q_offsets =
+      detail::read_offsets("cu_seqlens_q", cu_seqlens_q, query.shape[0]);
+  const auto batch = static_cast<int64_t>(q_offsets.size()) - 1;
+  detail::check_view("block_tables", block_tables);
+  detail::check_view("seq_lens", seq_lens);
+  if (block_tables.dtype != DType::kInt32 || block_tables.rank() != 2 ||
+      block_tables.shape[0] != batch) {
+    throw Error(detail::describe("block_tables", block_tables) + " " +
+                dtype_name(block_tables.dtype) + " should be int32 (B = " + std::to_string(batch) +
+                ", max_blocks)");
+  }
+  if (seq_lens.dtype != DType::kInt32 || seq_lens.rank() != 1 || seq_lens.shape[0] != batch) {
+    throw Error(detail::describe("seq_lens", seq_lens) + " " + dtype_name(seq_lens.dtype) +
+                " should be int32 (B = " + std::to_string(batch) + ")");
+  }
+  const int64_t num_blocks = key_blocks.shape[0], bs = key_blocks.shape[1];
+  std::vector<uint8_t> used(static_cast<size_t>(num_blocks), 0);
+  std::vector<RaggedSequence> sequences;
+  std::vector<CachedKeys> cached;
+  for (int64_t s = 0; s < batch; ++s) {
+    const std::string which = "sequence " + std::to_string(s);
+    const int64_t len = seq_lens.data_as<const int32_t>()[s * seq_lens.strides[0]];
+    const int64_t lq = q_offsets[static_cast<size_t>(s) + 1] - q_offsets[static_cast<size_t>(s)];
+    if (len < 0) throw Error(which + ": seq_lens " + std::to_string(len) + " is negative");
+    CachedKeys keys;
+    keys.table = block_tables.data_as<const int32_t>() + s * block_tables.strides[0];
+    keys.blocks = (len + bs - 1) / bs;
+    if (keys.blocks > block_tables.shape[1]) {
+      throw Error(which + ": length " + std::to_string(len) + " needs " +
+                  std::to_string(keys.blocks) + " blocks of " + std::to_string(bs) +
+                  " but the block table has " + std::to_string(block_tables.shape[1]));
+    }
+    if (block_tables.strides[1] != 1 && keys.blocks > 1) {
+      throw Error("block_tables: the last dimension must be contiguous");
+    }
+    while (keys.first_block < keys.blocks && table_entry(block_tables, s, keys.first_block) == -1) {
+      ++keys.first_block;
+    }
+    keys.consecutive = true;
+    for (int64_t n = keys.first_block; n < keys.blocks; ++n) {
+      const int32_t b = table_entry(block_tables, s, n);
+      if (b < 0 || b >= num_blocks) {
+        throw Error(which + ": block table entry " + std::to_string(n) + " is " +
+                    std::to_string(b) + ", outside [0, " + std::to_string(num_blocks) + ")" +
+                    (b == -1 ? " (only leading entries may be evicted)" : ""));
+      }
+      if (used[static_cast<size_t>(b)]) {
+        throw Error(which + ": block " + std::to_string(b) +
+                    " is listed twice in the batch's block tables");
+      }
+      used[static_cast<size_t>(b)] = 1;
+      if (n > keys.first_block && b != table_entry(block_tables, s, n - 1) + 1) {
+        keys.consecutive = false;
+      }
+    }
+    keys.start = std::min(len, keys.first_block * bs);
+    const int64_t kept = len - keys.start;
+    if (lq > 0 && kept == 0) {
+      throw Error(which + " has " + std::to_string(lq) +
+                  " queries but no cached keys (softmax over no keys is undefined)");
+    }
+    if (keys.start > 0 &&
+        (options.prefix > 0 ||
+         (options.causal && options.causal_alignment == CausalAlignment::kTopLeft))) {
+      throw Error(which +
+                  ": evicted blocks shift the positions that prefix and top-left "
+                  "causal alignment count from");
+    }
+    if (lq > 0) {
+      // The dense call's own checks, on stand-in views of the sequence's shapes.
+      const TensorView k(key_blocks.data, query.dtype,
+                         Shape({key_blocks.shape[2], kept, key_blocks.shape[3]}));
+      const TensorView v(value_blocks.data, query.dtype,
+                         Shape({value_blocks.shape[2], kept, value_blocks.shape[3]}));
+      try {
+        (void)detail::validate_inputs(
+            detail::sequence_view(query, q_offsets[static_cast<size_t>(s)], lq), k, v, options);
+      } catch (const Error& error) {
+        throw Error(which + ": " + error.what());
+      }
+    }
+    sequences.push_back({q_offsets[static_cast<size_t>(s)], lq, 0, kept});
+    cached.push_back(keys);
+  }
+  const std::vector<const TensorView*> inputs = {&query,        &cu_seqlens_q, &key_blocks,
+                                                 &value_blocks, &block_tables, &seq_lens};
+  detail::check_packed_output("output", output,
+                              Shape({query.shape[0], query.shape[1], value_blocks.shape[3]}),
+                              query.dtype, inputs);
+  if (logsumexp) {
+    detail::check_packed_output("logsumexp", *logsumexp, Shape({query.shape[0], query.shape[1]}),
+                                DType::kFloat32, inputs);
+    if (detail::overlaps(*logsumexp, output))
+      throw Error("logsumexp overlaps the memory of output");
+  }
+
+  AttentionOptions per_sequence = options;
+  per_sequence.need_logsumexp = false;
+  detail::schedule_sequences(
+      sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
+        const RaggedSequence& seq = sequences[s];
+        std::optional<Tensor> key_copy, value_copy;
+        const TensorView k = cached_view(key_blocks, cached[s], seq.k_len, query.dtype, key_copy);
+        const TensorView v =
+            cached_view(value_blocks, cached[s], seq.k_len, query.dtype, value_copy);
+        AttentionOptions o = per_sequence;
+        o.num_threads = sequence_threads;
+        AttentionOutputViews outs;
+        outs.output = detail::sequence_view(output, seq.q_begin, seq.q_len);
+        if (logsumexp) outs.logsumexp = detail::sequence_rows(*logsumexp, seq.q_begin, seq.q_len);
+        scaled_dot_product_attention_into(detail::sequence_view(query, seq.q_begin, seq.q_len), k,
+                                          v, outs, o);
+      });
+}
+
+// ---------------------------------------------------------------------------------------
+// PagedKvCache
+
+PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {
+  if (config_.value_dim == 0) config_.value_dim = config_.head_dim;
+  if (config_.num_blocks < 1 || config_.num_blocks > INT32_MAX || config_.block_size < 1 ||
+      config_.kv_heads < 1 || config_.head_dim < 1 || config_.value_dim < 1) {
+    throw Error(
+        "KvCacheConfig: num_blocks (up to 2^31 - 1), block_size, kv_heads, head_dim and "
+        "value_dim must be >= 1");
+  }
+  if (!detail::is_attention_float(config_.dtype)) {
+    throw Error(std::string("KvCacheConfig: dtype ") + dtype_name(config_.dtype) +
+                " is not supported (float32, float16 or bfloat16)");
+  }
+  keys_ = Tensor::zeros(config_.dtype, Shape({config_.num_blocks, config_.block_size,
+                                              config_.kv_heads, config_.head_dim}));
+  values_ = Tensor::zeros(config_.dtype, Shape({config_.num_blocks, config_.block_size,
+                                                config_.kv_heads, config_.value_dim}));
+  for (int64_t b = config_.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+int64_t PagedKvCache::free_blocks() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(free_.size());
+}
+
+PagedKvCache::Sequence& PagedKvCache::find(int64_t id) {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) throw Error("PagedKvCache: no sequence " + std::to_string(id));
+  return it->second;
+}
+
+const PagedKvCache::Sequence& PagedKvCache::find(int64_t id) const {
+  const auto it = sequences_.find(id);
+  if (it == sequences_.end()) throw Error("PagedKvCache: no sequence " + std::to_string(id));
+  return it->second;
+}
+
+int32_t PagedKvCache::take_block() {
+  const int32_t b = free_.back();
+  free_.pop_back();
+  return b;
+}
+
+int64_t PagedKvCache::add_sequence() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  sequences_.emplace(next_id_, Sequence{});
+  return next_id_++;
+}
+
+void PagedKvCache::remove_sequence(int64_t id) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  Sequence& seq = find(id);
+  if (seq.readers > 0 || seq.writing) {
+    throw Error("PagedKvCache: sequence " + std::to_string(id) + " is in use by another thread");
+  }
+  for (int32_t b : seq.blocks) {
+    if (b >= 0) free_.push_back(b);
+  }
+  std::sort(free_.begin(), free_.end(), std::greater<>());
+  sequences_.erase(id);
+}
+
+int64_t PagedKvCache::length(int64_t id) const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return find(id).length;
+}
+
+std::vector<int32_t> PagedKvCache::block_table(int64_t id) const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return find(id).blocks;
+}
+
+void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key,
+                          const TensorView& value, const TensorView& cu_seqlens) {
+  const KvCacheConfig& c = config_;
+  for (auto [name, t, dim] :
+       {std::tuple{"key", &key, c.head_dim}, std::tuple{"value", &value, c.value_dim}}) {
+    detail::check_view(name, *t);
+    if (t->rank() != 3 || t->shape[1] != c.kv_heads || t->shape[2] != dim ||
+        !is_floating(t->dtype)) {
+      throw Error("PagedKvCache::append: " + detail::describe(name, *t) +
+                  " should be floating (new tokens, " + std::to_string(c.kv_heads) + ", " +
+                  std::to_string(dim) + ")");
+    }
+  }
+  if (key.shape[0] != value.shape[0]) {
+    throw Error("PagedKvCache::append: key and value hold different token counts");
+  }
+  const std::vector<int64_t> offsets = detail::read_offsets("cu_seqlens", cu_seqlens, key.shape[0]);
+  if (offsets.size() != ids.size() + 1) {
+    throw Error("PagedKvCache::append: cu_seqlens has " + std::to_string(offsets.size()) +
+                " offsets for " + std::to_string(ids.size()) + " sequences (should be B + 1)");
+  }
+  struct Write {
+    Sequence* seq;
+    int64_t first_token, count, source;
+  };
+  std::vector<Write> writes;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    int64_t needed = 0;
+    for (size_t s = 0; s < ids.size(); ++s) {
+      Sequence& seq = find(ids[s]);
+      if (seq.readers > 0 || seq.writing) {
+        throw Error("PagedKvCache::append: sequence " + std::to_string(ids[s]) +
+                    " is in use by another thread");
+      }
+      for (size_t r = 0; r < s; ++r) {
+        if (ids[r] == ids[s]) {
+          throw Error("PagedKvCache::append: sequence " + std::to_string(ids[s]) +
+                      " is listed twice");
+        }
+      }
+      const int64_t count = offsets[s + 1] - offsets[s];
+      if (seq.length + count > INT32_MAX) {
+        throw Error("PagedKvCache::append: sequence " + std::to_string(ids[s]) +
+                    " would pass 2^31 - 1 tokens");
+      }
+      const int64_t blocks = (seq.length + count + c.block_size - 1) / c.block_size;
+      needed += std::max<int64_t>(blocks - static_cast<int64_t>(seq.blocks.size()), 0);
+      writes.push_back({&seq, seq.length, count, offsets[s]});
+    }
+    if (needed > static_cast<int64_t>(free_.size())) {
+      throw Error("PagedKvCache::append: the cache is full: the new tokens need " +
+                  std::to_string(needed) + " blocks, " + std::to_string(free_.size()) +
+                  " are free");
+    }
+    for (const Write& w : writes) {
+      const int64_t blocks = (w.first_token + w.count + c.block_size - 1) / c.block_size;
+      while (static_cast<int64_t>(w.seq->blocks.size()) < blocks)
+        w.seq->blocks.push_back(take_block());
+      w.seq->writing = true;
+    }
+  }
+  // The sequences are marked: their blocks are this thread's until the flags are cleared.
+  const auto write_rows = [&](const TensorView& source, const Tensor& storage, int64_t dim) {
+    const auto element = static_cast<int64_t>(dtype_size(c.dtype));
+    for (const Write& w : writes) {
+      for (int64_t t = 0; t < w.count;) {
+        const int64_t position = w.first_token + t;
+        const int64_t row = position % c.block_size;
+        const int64_t rows = std::min(c.block_size - row, w.count - t);
+        const int32_t b = w.seq->blocks[static_cast<size_t>(position / c.block_size)];
+        TensorView from = source;
+        from.data =
+            static_cast<char*>(source.data) +
+            (w.source + t) * source.strides[0] * static_cast<int64_t>(dtype_size(source.dtype));
+        from.shape = Shape({rows, c.kv_heads, dim});
+        const TensorView to(const_cast<char*>(storage.data_as<char>()) +
+                                ((b * c.block_size + row) * c.kv_heads * dim) * element,
+                            c.dtype, Shape({rows, c.kv_heads, dim}));
+        convert(from, to);
+        t += rows;
+      }
+    }
+  };
+  try {
+    write_rows(key, keys_, c.head_dim);
+    write_rows(value, values_, c.value_dim);
+  } catch (...) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (const Write& w : writes) w.seq->writing = false;
+    throw;
+  }
+  const std::lock_guard<std::mutex> lock(mutex_);
+  for (const Write& w : writes) {
+    w.seq->length += w.count;
+    w.seq->writing = false;
+  }
+}
+
+void PagedKvCache::evict_outside_window(int64_t id, int64_t window) {
+  if (window < 0) throw Error("evict_outside_window: window must be >= 0");
+  const std::lock_guard<std::mutex> lock(mutex_);
+  Sequence& seq = find(id);
+  if (seq.readers > 0 || seq.writing) {
+    throw Error("PagedKvCache: sequence " + std::to_string(id) + " is in use by another thread");
+  }
+  const int64_t keep_from = seq.length - window;  // tokens j < keep_from are never seen again
+  for (size_t n = 0; n < seq.blocks.size(); ++n) {
+    if (static_cast<int64_t>(n + 1) * config_.block_size > keep_from) break;
+    if (seq.blocks[n] >= 0) {
+      free_.push_back(seq.blocks[n]);
+      seq.blocks[n] = -1;
+    }
+  }
+  std::sort(free_.begin(), free_.end(), std::greater<>());
+}
+
+void PagedKvCache::attend(const std::vector<int64_t>& ids, const TensorView& query,
+                          const TensorView& cu_seqlens_q, const TensorView& output,
+                          const AttentionOptions& options, const TensorView* logsumexp) const {
+  const auto batch = static_cast<int64_t>(ids.size());
+  std::vector<const Sequence*> readers;
+  Tensor tables, lengths(DType::kInt32, Shape({batch}));
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    int64_t widest = 1;
+    for (int64_t id : ids) {
+      const Sequence& seq = find(id);
+      if (seq.writing) {
+        throw Error("PagedKvCache::attend: sequence " + std::to_string(id) +
+                    " is being appended to by another thread");
+      }
+      widest = std::max<int64_t>(widest, static_cast<int64_t>(seq.blocks.size()));
+    }
+    tables = Tensor(DType::kInt32, Shape({batch, widest}));
+    std::fill_n(tables.data_as<int32_t>(), tables.numel(), -1);
+    for (int64_t s = 0; s < batch; ++s) {
+      const Sequence& seq = find(ids[static_cast<size_t>(s)]);
+      std::copy(seq.blocks.begin(), seq.blocks.end(), tables.data_as<int32_t>() + s * widest);
+      lengths.data_as<int32_t>()[s] = static_cast<int32_t>(seq.length);
+      ++seq.readers;
+      readers.push_back(&seq);
+    }
+  }
+  struct Release {
+    std::mutex& mutex;
+    std::vector<const Sequence*>& readers;
+    ~Release() {
+      const std::lock_guard<std::mutex> lock(mutex);
+      for (const Sequence* seq : readers) --seq->readers;
+    }
+  } release{mutex_, readers};
+  paged_attention_into(query, cu_seqlens_q, keys_.view(), values_.view(), tables.view(),
+                       lengths.view(), output, options, logsumexp);
+}
+
+}  // namespace attend

@@ -1,0 +1,363 @@
+// The paged KV cache (attend/kv_cache.hpp): attention over blocks equals the dense call on
+// the same keys (ragged, tests/varlen_test.cc checks that against the reference) across block
+// sizes, shuffled and consecutive block tables, lengths 0 and 1 and not multiples of the
+// block size, grouped-query heads, score rules, float16/bfloat16 storage; the cache's
+// append, free list, eviction and refusals; several threads on one cache.
+#include "attend/kv_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "attend/varlen.hpp"
+#include "serving_support.hpp"
+#include "test_support.hpp"
+
+namespace attend::test {
+namespace {
+
+constexpr int64_t kHeads = 4, kKvHeads = 2, kDim = 16, kValueDim = 8;
+
+Tensor offsets(const std::vector<int64_t>& lengths) {
+  Tensor cu(DType::kInt32, Shape({static_cast<int64_t>(lengths.size()) + 1}));
+  cu.data_as<int32_t>()[0] = 0;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    cu.data_as<int32_t>()[s + 1] = cu.data_as<int32_t>()[s] + static_cast<int32_t>(lengths[s]);
+  }
+  return cu;
+}
+
+int64_t sum(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
+
+// A batch over raw blocks: the logical keys of each sequence (packed), written into blocks
+// listed by seeded tables (shuffled, or consecutive), and the queries.
+struct PagedBatch {
+  std::vector<int64_t> lens, q_lens;
+  int64_t block_size = 0;
+  Tensor keys, values;              // packed logical (total_k, Hkv, D)
+  Tensor key_blocks, value_blocks;  // (N, bs, Hkv, D)
+  Tensor tables, seq_lens, query, cu_q, cu_k;
+};
+
+PagedBatch make_batch(std::vector<int64_t> lens, std::vector<int64_t> q_lens, int64_t block_size,
+                      bool shuffled, uint32_t seed, DType dtype = DType::kFloat32) {
+  PagedBatch b;
+  b.lens = std::move(lens);
+  b.q_lens = std::move(q_lens);
+  b.block_size = block_size;
+  const auto batch = static_cast<int64_t>(b.lens.size());
+  b.keys = random_tensor(Shape({sum(b.lens), kKvHeads, kDim}), seed, 1.0, dtype);
+  b.values = random_tensor(Shape({sum(b.lens), kKvHeads, kValueDim}), seed + 1, 1.0, dtype);
+  b.query = random_tensor(Shape({sum(b.q_lens), kHeads, kDim}), seed + 2, 1.0, dtype);
+  int64_t blocks = 0, widest = 1;
+  for (int64_t len : b.lens) {
+    blocks += (len + block_size - 1) / block_size;
+    widest = std::max(widest, (len + block_size - 1) / block_size);
+  }
+  const int64_t num_blocks = blocks + 3;  // a few never used
+  std::vector<int32_t> order(static_cast<size_t>(num_blocks));
+  std::iota(order.begin(), order.end(), 0);
+  if (shuffled) std::shuffle(order.begin(), order.end(), std::mt19937(seed));
+  b.key_blocks = Tensor::zeros(dtype, Shape({num_blocks, block_size, kKvHeads, kDim}));
+  b.value_blocks = Tensor::zeros(dtype, Shape({num_blocks, block_size, kKvHeads, kValueDim}));
+  b.tables = Tensor(DType::kInt32, Shape({batch, widest}));
+  std::fill_n(b.tables.data_as<int32_t>(), b.tables.numel(), 77777);  // unused entries: junk
+  b.seq_lens = Tensor(DType::kInt32, Shape({batch}));
+  const size_t element = dtype_size(dtype);
+  size_t next = 0;
+  int64_t token = 0;
+  for (int64_t s = 0; s < batch; ++s) {
+    b.seq_lens.data_as<int32_t>()[s] = static_cast<int32_t>(b.lens[static_cast<size_t>(s)]);
+    for (int64_t t = 0; t < b.lens[static_cast<size_t>(s)]; ++t, ++token) {
+      if (t % block_size == 0)
+        b.tables.data_as<int32_t>()[s * widest + t / block_size] = order[next++];
+      const int64_t block = b.tables.data_as<int32_t>()[s * widest + t / block_size];
+      const int64_t row = block * block_size + t % block_size;
+      std::memcpy(b.key_blocks.data_as<char>() + row * kKvHeads * kDim * element,
+                  b.keys.data_as<char>() + token * kKvHeads * kDim * element,
+                  kKvHeads * kDim * element);
+      std::memcpy(b.value_blocks.data_as<char>() + row * kKvHeads * kValueDim * element,
+                  b.values.data_as<char>() + token * kKvHeads * kValueDim * element,
+                  kKvHeads * kValueDim * element);
+    }
+  }
+  b.cu_q = offsets(b.q_lens);
+  b.cu_k = offsets(b.lens);
+  return b;
+}
+
+Tensor paged(const PagedBatch& b, const AttentionOptions& options) {
+  Tensor out(b.query.dtype(), Shape({sum(b.q_lens), kHeads, kValueDim}));
+  paged_attention_into(b.query.view(), b.cu_q.view(), b.key_blocks.view(), b.value_blocks.view(),
+                       b.tables.view(), b.seq_lens.view(), out.view(), options);
+  return out;
+}
+
+Tensor dense(const PagedBatch& b, const AttentionOptions& options) {
+  return varlen_attention(b.query.view(), b.keys.view(), b.values.view(), b.cu_q.view(),
+                          b.cu_k.view(), options);
+}
+
+AttentionOptions rules() {
+  AttentionOptions o;
+  o.causal = true;
+  o.window = SlidingWindow{9, 0};
+  o.alibi = true;
+  o.softcap = 20.0;
+  return o;
+}
+
+TEST(PagedAttention, EqualsTheDenseListingAcrossBlockSizesAndTables) {
+  // Lengths 0, 1, exact multiples and not; a prefill chunk, decodes, a whole prompt.
+  const std::vector<int64_t> lens = {0, 1, 16, 37, 5, 64, 100};
+  const std::vector<int64_t> q_lens = {0, 1, 1, 12, 5, 1, 30};
+  for (const int64_t block_size : {1, 3, 16, 64}) {
+    for (const bool shuffled : {false, true}) {
+      const PagedBatch b = make_batch(lens, q_lens, block_size, shuffled, 7);
+      AttentionOptions causal;
+      causal.causal = true;
+      for (const AttentionOptions& options : {AttentionOptions{}, causal, rules()}) {
+        EXPECT_TRUE(same_bits(paged(b, options), dense(b, options)))
+            << "block size " << block_size << (shuffled ? " shuffled" : " in order");
+      }
+    }
+  }
+}
+
+TEST(PagedAttention, HalfPrecisionStorage) {
+  for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    // Query of the cache's dtype: blocks read in place or gathered, as the dense call.
+    const PagedBatch b = make_batch({20, 7}, {3, 1}, 4, true, 3, dtype);
+    AttentionOptions causal;
+    causal.causal = true;
+    EXPECT_TRUE(same_bits(paged(b, causal), dense(b, causal))) << dtype_name(dtype);
+    // A float32 query against a half cache: the keys converted to float32.
+    Tensor query32(DType::kFloat32, b.query.shape());
+    convert(b.query.view(), query32.view());
+    Tensor out(DType::kFloat32, Shape({4, kHeads, kValueDim}));
+    paged_attention_into(query32.view(), b.cu_q.view(), b.key_blocks.view(), b.value_blocks.view(),
+                         b.tables.view(), b.seq_lens.view(), out.view(), causal);
+    Tensor k32(DType::kFloat32, b.keys.shape()), v32(DType::kFloat32, b.values.shape());
+    convert(b.keys.view(), k32.view());
+    convert(b.values.view(), v32.view());
+    const Tensor expected = varlen_attention(query32.view(), k32.view(), v32.view(), b.cu_q.view(),
+                                             b.cu_k.view(), causal);
+    EXPECT_TRUE(same_bits(out, expected)) << dtype_name(dtype);
+  }
+}
+
+TEST(PagedAttention, RefusesBadBlockTablesBeforeReading) {
+  PagedBatch b = make_batch({10, 6}, {2, 1}, 4, true, 5);
+  Tensor out = Tensor::zeros(DType::kFloat32, Shape({3, kHeads, kValueDim}));
+  const auto call = [&] {
+    return error_of([&] {
+      paged_attention_into(b.query.view(), b.cu_q.view(), b.key_blocks.view(),
+                           b.value_blocks.view(), b.tables.view(), b.seq_lens.view(), out.view());
+    });
+  };
+  int32_t* table = b.tables.data_as<int32_t>();
+  const int64_t widest = b.tables.shape()[1];
+  const int32_t saved = table[1];
+  table[1] = 1000;
+  EXPECT_NE(call().find("sequence 0: block table entry 1 is 1000, outside [0, 8)"),
+            std::string::npos)
+      << call();
+  table[1] = -5;
+  EXPECT_NE(call().find("entry 1 is -5"), std::string::npos) << call();
+  table[1] = -1;  // evicted after a listed block
+  EXPECT_NE(call().find("only leading entries may be evicted"), std::string::npos) << call();
+  table[1] = table[widest];  // the block of sequence 1's first entry
+  EXPECT_NE(call().find("listed twice"), std::string::npos) << call();
+  table[1] = saved;
+  b.seq_lens.data_as<int32_t>()[1] = 13;  // 4 blocks, the table has 3
+  EXPECT_NE(call().find("sequence 1: length 13 needs 4 blocks of 4 but the block table has 3"),
+            std::string::npos)
+      << call();
+  b.seq_lens.data_as<int32_t>()[1] = -1;
+  EXPECT_NE(call().find("negative"), std::string::npos) << call();
+  b.seq_lens.data_as<int32_t>()[1] = 0;
+  EXPECT_NE(call().find("sequence 1 has 1 queries but no cached keys"), std::string::npos)
+      << call();
+  b.seq_lens.data_as<int32_t>()[1] = 6;
+  for (int64_t n = 0; n < out.numel(); ++n) ASSERT_EQ(out.data_as<float>()[n], 0.0f);
+  EXPECT_NO_THROW(call());
+  EXPECT_EQ(call(), "<no attend::Error>");
+}
+
+// The cache's own bookkeeping: prefill prompts of different lengths, decode a few steps in a
+// batch, each step equal to the dense call on everything appended so far.
+TEST(PagedKvCache, PrefillThenDecodeEqualsDense) {
+  KvCacheConfig config;
+  config.num_blocks = 40;
+  config.block_size = 8;
+  config.kv_heads = kKvHeads;
+  config.head_dim = kDim;
+  config.value_dim = kValueDim;
+  PagedKvCache cache(config);
+  const std::vector<int64_t> prompts = {13, 1, 30};
+  std::vector<int64_t> ids;
+  std::vector<std::vector<float>> keys(3), values(3);  // each sequence's appended K and V
+  for (size_t s = 0; s < prompts.size(); ++s) ids.push_back(cache.add_sequence());
+  AttentionOptions causal;
+  causal.causal = true;
+  for (int step = 0; step < 5; ++step) {
+    const std::vector<int64_t> news = step == 0 ? prompts : std::vector<int64_t>{1, 1, 1};
+    const Tensor k = random_tensor(Shape({sum(news), kKvHeads, kDim}), 100 + step);
+    const Tensor v = random_tensor(Shape({sum(news), kKvHeads, kValueDim}), 200 + step);
+    const Tensor cu = offsets(news);
+    cache.append(ids, k.view(), v.view(), cu.view());
+    int64_t token = 0;
+    for (size_t s = 0; s < ids.size(); ++s) {
+      for (int64_t t = 0; t < news[s]; ++t, ++token) {
+        keys[s].insert(keys[s].end(), k.data_as<float>() + token * kKvHeads * kDim,
+                       k.data_as<float>() + (token + 1) * kKvHeads * kDim);
+        values[s].insert(values[s].end(), v.data_as<float>() + token * kKvHeads * kValueDim,
+                         v.data_as<float>() + (token + 1) * kKvHeads * kValueDim);
+      }
+      EXPECT_EQ(cache.length(ids[s]), static_cast<int64_t>(keys[s].size()) / (kKvHeads * kDim));
+    }
+    const Tensor q = random_tensor(Shape({sum(news), kHeads, kDim}), 300 + step);
+    Tensor out(DType::kFloat32, Shape({sum(news), kHeads, kValueDim}));
+    cache.attend(ids, q.view(), cu.view(), out.view(), causal);
+    // Dense: every sequence's keys packed.
+    std::vector<int64_t> lens;
+    std::vector<float> all_k, all_v;
+    for (size_t s = 0; s < ids.size(); ++s) {
+      lens.push_back(static_cast<int64_t>(keys[s].size()) / (kKvHeads * kDim));
+      all_k.insert(all_k.end(), keys[s].begin(), keys[s].end());
+      all_v.insert(all_v.end(), values[s].begin(), values[s].end());
+    }
+    const TensorView dk(all_k.data(), Shape({sum(lens), kKvHeads, kDim}));
+    const TensorView dv(all_v.data(), Shape({sum(lens), kKvHeads, kValueDim}));
+    const Tensor cu_k = offsets(lens);
+    const Tensor expected = varlen_attention(q.view(), dk, dv, cu.view(), cu_k.view(), causal);
+    EXPECT_TRUE(same_bits(out, expected)) << "step " << step;
+  }
+  // 14 + 2 + 31... tokens: blocks per sequence ceil(len / 8).
+  const int64_t used = (17 + 7) / 8 + (5 + 7) / 8 + (34 + 7) / 8;
+  EXPECT_EQ(cache.free_blocks(), 40 - used);
+  cache.remove_sequence(ids[1]);
+  EXPECT_EQ(cache.free_blocks(), 40 - used + 1);
+}
+
+TEST(PagedKvCache, FullCacheIsRefusedBeforeWriting) {
+  KvCacheConfig config;
+  config.num_blocks = 3;
+  config.block_size = 4;
+  config.kv_heads = 1;
+  config.head_dim = 8;
+  PagedKvCache cache(config);
+  const int64_t a = cache.add_sequence(), b = cache.add_sequence();
+  const Tensor k = random_tensor(Shape({13, 1, 8}), 1);
+  const Tensor cu = offsets({9, 4});  // 3 + 1 blocks: one too many
+  const std::string message = error_of([&] {
+    cache.append({a, b}, k.view(), k.view(), cu.view());
+  });
+  EXPECT_NE(message.find("the cache is full: the new tokens need 4 blocks, 3 are free"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(cache.free_blocks(), 3);
+  EXPECT_EQ(cache.length(a), 0);
+  EXPECT_TRUE(cache.block_table(a).empty());
+  EXPECT_NE(error_of([&] {
+              cache.append({a, a}, k.view(), k.view(), cu.view());
+            }).find("twice"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { cache.length(99); }).find("no sequence 99"), std::string::npos);
+  KvCacheConfig bad = config;
+  bad.num_blocks = 0;
+  EXPECT_NE(error_of([&] { PagedKvCache{bad}; }).find("num_blocks"), std::string::npos);
+}
+
+TEST(PagedKvCache, SlidingWindowEvictionFreesBlocksAndKeepsTheResult) {
+  KvCacheConfig config;
+  config.num_blocks = 20;
+  config.block_size = 4;
+  config.kv_heads = kKvHeads;
+  config.head_dim = kDim;
+  config.value_dim = kValueDim;
+  PagedKvCache cache(config);
+  const int64_t id = cache.add_sequence();
+  const Tensor k = random_tensor(Shape({30, kKvHeads, kDim}), 1);
+  const Tensor v = random_tensor(Shape({30, kKvHeads, kValueDim}), 2);
+  const Tensor cu30 = offsets({30});
+  cache.append({id}, k.view(), v.view(), cu30.view());
+  EXPECT_EQ(cache.free_blocks(), 20 - 8);
+  // A window of 10 keys: the next query (position 30) sees keys 20..30; a query at 29
+  // (the last cached token) sees 19..29. Evicting for window 11 frees blocks of tokens < 19.
+  cache.evict_outside_window(id, 11);
+  const std::vector<int32_t> table = cache.block_table(id);
+  EXPECT_EQ(table[0], -1);
+  EXPECT_EQ(table[3], -1);  // tokens 12..15
+  EXPECT_GE(table[4], 0);   // tokens 16..19: 19 still visible
+  EXPECT_EQ(cache.free_blocks(), 20 - 8 + 4);
+  AttentionOptions window;
+  window.causal = true;
+  window.window = SlidingWindow{10, 0};
+  const Tensor q = random_tensor(Shape({1, kHeads, kDim}), 3);
+  const Tensor cu1 = offsets({1});
+  Tensor out(DType::kFloat32, Shape({1, kHeads, kValueDim}));
+  cache.attend({id}, q.view(), cu1.view(), out.view(), window);
+  const Tensor expected =
+      varlen_attention(q.view(), k.view(), v.view(), cu1.view(), cu30.view(), window);
+  for (int64_t n = 0; n < out.numel(); ++n) {
+    EXPECT_NEAR(out.data_as<float>()[n], expected.data_as<float>()[n], 1e-6) << n;
+  }
+  AttentionOptions top_left = window;
+  top_left.causal_alignment = CausalAlignment::kTopLeft;
+  EXPECT_NE(error_of([&] {
+              cache.attend({id}, q.view(), cu1.view(), out.view(), top_left);
+            }).find("evicted blocks"),
+            std::string::npos);
+}
+
+TEST(PagedKvCache, ThreadsAppendAndAttendDifferentSequences) {
+  KvCacheConfig config;
+  config.num_blocks = 200;
+  config.block_size = 4;
+  config.kv_heads = kKvHeads;
+  config.head_dim = kDim;
+  config.value_dim = kValueDim;
+  constexpr int kThreads = 4, kSteps = 20;
+  // Each thread decodes its own sequence; the outputs must not depend on the interleaving.
+  const auto run = [&](PagedKvCache& cache, int t, std::vector<float>& log) {
+    const int64_t id = cache.add_sequence();
+    AttentionOptions options;
+    options.causal = true;
+    options.num_threads = 1;
+    for (int step = 0; step < kSteps; ++step) {
+      const auto seed = static_cast<uint32_t>(1000 * t + step);
+      const Tensor k = random_tensor(Shape({2, kKvHeads, kDim}), seed);
+      const Tensor v = random_tensor(Shape({2, kKvHeads, kValueDim}), seed + 1);
+      const Tensor q = random_tensor(Shape({2, kHeads, kDim}), seed + 2);
+      const Tensor cu = offsets({2});
+      cache.append({id}, k.view(), v.view(), cu.view());
+      Tensor out(DType::kFloat32, Shape({2, kHeads, kValueDim}));
+      cache.attend({id}, q.view(), cu.view(), out.view(), options);
+      log.insert(log.end(), out.data_as<float>(), out.data_as<float>() + out.numel());
+    }
+  };
+  std::vector<std::vector<float>> serial(kThreads), parallel(kThreads);
+  {
+    PagedKvCache cache(config);
+    for (int t = 0; t < kThreads; ++t) run(cache, t, serial[t]);
+  }
+  PagedKvCache cache(config);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back([&, t] { run(cache, t, parallel[t]); });
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(serial[t], parallel[t]) << "thread " << t;
+  EXPECT_EQ(cache.free_blocks(), 200 - kThreads * (2 * kSteps / 4));
+}
+
+}  // namespace
+}  // namespace attend::test
