@@ -7,12 +7,18 @@
 //   build/bench/serving_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <random>
 #include <vector>
 
+#include "attend/kv_cache.hpp"
 #include "attend/plan.hpp"
+#include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/tensor.hpp"
+#include "bench/read_bandwidth.hpp"
 #include "kernels/kernel_list.hpp"
 #include "sdpa_boundary.hpp"
 
@@ -89,6 +95,75 @@ BENCHMARK_CAPTURE(unprepared, phrase, 8, 4, 4, 32);
 BENCHMARK_CAPTURE(planned, phrase, 8, 4, 4, 32);
 BENCHMARK_CAPTURE(unprepared, decode64, 8, 1, 64, 64);
 BENCHMARK_CAPTURE(planned, decode64, 8, 1, 64, 64);
+
+// ---------------------------------------------------------------------------------------
+// Decode over a long cache (1 query × 32 heads × 8192 keys × E 128, all threads): GB/s of
+// K and V read once (each K/V head once for grouped-query attention), beside the machine's
+// read bandwidth (measured once per process, the `attend bench` probe).
+constexpr int64_t kHeads = 32, kKeys = 8192, kDim = 128;
+
+void report_bandwidth(benchmark::State& state, double bytes) {
+  static const double probe =
+      attend::bench::measure_read_bandwidth(attend::default_num_threads()).gbps;
+  state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["read_probe_GB/s"] = probe;
+}
+
+Tensor filled(const Shape& shape, uint32_t seed) {
+  Tensor t(DType::kFloat32, shape);
+  std::mt19937 random(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (int64_t n = 0; n < t.numel(); ++n) t.data_as<float>()[n] = uniform(random);
+  return t;
+}
+
+// Contiguous (1, H, 1, E) against (1, Hkv, Lk, E).
+void decode_contiguous(benchmark::State& state) {
+  const int64_t kv_heads = state.range(0);
+  const Tensor q = filled(Shape({1, kHeads, 1, kDim}), 1);
+  const Tensor k = filled(Shape({1, kv_heads, kKeys, kDim}), 2);
+  const Tensor v = filled(Shape({1, kv_heads, kKeys, kDim}), 3);
+  Tensor out(DType::kFloat32, Shape({1, kHeads, 1, kDim}));
+  for (auto _ : state) {
+    attend::scaled_dot_product_attention_into(q.view(), k.view(), v.view(), out.view(), nullptr);
+  }
+  report_bandwidth(state, 2.0 * static_cast<double>(kv_heads * kKeys * kDim) * sizeof(float));
+}
+
+// The same through paged_attention_into: blocks of state.range(1) tokens, the table in
+// order (read in place) or shuffled (gathered).
+void decode_paged(benchmark::State& state) {
+  const int64_t kv_heads = state.range(0), block_size = state.range(1);
+  const bool shuffled = state.range(2) != 0;
+  const int64_t blocks = kKeys / block_size;
+  const Tensor q = filled(Shape({1, kHeads, kDim}), 1);
+  const Tensor k = filled(Shape({blocks, block_size, kv_heads, kDim}), 2);
+  const Tensor v = filled(Shape({blocks, block_size, kv_heads, kDim}), 3);
+  Tensor table(DType::kInt32, Shape({1, blocks}));
+  std::iota(table.data_as<int32_t>(), table.data_as<int32_t>() + blocks, 0);
+  if (shuffled) {
+    std::shuffle(table.data_as<int32_t>(), table.data_as<int32_t>() + blocks, std::mt19937(5));
+  }
+  Tensor cu(DType::kInt32, Shape({2})), lens(DType::kInt32, Shape({1}));
+  cu.data_as<int32_t>()[0] = 0;
+  cu.data_as<int32_t>()[1] = 1;
+  lens.data_as<int32_t>()[0] = static_cast<int32_t>(kKeys);
+  Tensor out(DType::kFloat32, Shape({1, kHeads, kDim}));
+  for (auto _ : state) {
+    attend::paged_attention_into(q.view(), cu.view(), k.view(), v.view(), table.view(), lens.view(),
+                                 out.view());
+  }
+  report_bandwidth(state, 2.0 * static_cast<double>(kv_heads * kKeys * kDim) * sizeof(float));
+}
+
+BENCHMARK(decode_contiguous)->ArgName("kv_heads")->Arg(32)->Arg(8)->UseRealTime();
+BENCHMARK(decode_paged)
+    ->ArgNames({"kv_heads", "block", "shuffled"})
+    ->Args({32, 16, 0})
+    ->Args({32, 16, 1})
+    ->Args({32, 64, 1})
+    ->Args({8, 16, 1})
+    ->UseRealTime();
 
 }  // namespace
 

@@ -20,7 +20,6 @@ namespace {
 
 const std::string kDataDir = std::string(ATTEND_TEST_DATA_DIR) + "/rules_grad/";
 
-
 struct GoldenCase {
   std::string name;
   std::string options_text;

@@ -13,14 +13,19 @@
 // position seq_lens[s] − Lq_s + i. Every score rule of AttentionOptions applies per sequence
 // as in a dense call on the sequence's cached keys (not: mask, bias, segment ids, dropout,
 // need_weights; prefix and top-left alignment not with evicted blocks), and Hkv may divide H.
-// The result equals the dense call on the listed keys.
+// The result is that of the dense call on the listed keys (see below for how exactly).
 //
 // Bad block tables (entries out of range, a block listed twice in the batch, too few entries
 // for a length, -1 after a listed block) are refused with attend::Error before anything is
 // read from the blocks or written to the output.
 //
-// Implementation note: a sequence whose kept blocks are consecutive in storage is read in
-// place (one strided view); others are gathered into a contiguous float32 copy per call.
+// How a sequence's keys are read, none of them copied on the common path:
+//  - kept blocks consecutive in storage: one strided view, the dense call itself (bitwise);
+//  - otherwise, float32 query and blocks, no sinks or user rules: each run of adjacent blocks
+//    is a dense call (positions shifted to the run), the runs merged per row by their
+//    log-sum-exp in float64 (within float32 rounding of the dense call, not bitwise);
+//  - otherwise (half-precision blocks, sinks, user rules): the kept keys gathered into a
+//    contiguous copy of the query's dtype, then the dense call (bitwise).
 #pragma once
 
 #include <cstdint>

@@ -5,14 +5,20 @@
 #include "attend/kv_cache.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <exception>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "attend/error.hpp"
+#include "grouped_query.hpp"
+#include "kernels/kernel_list.hpp"
 #include "sdpa_boundary.hpp"
 #include "serving/ragged.hpp"
 
@@ -66,6 +72,12 @@ TensorView cached_view(const TensorView& blocks, const CachedKeys& keys, int64_t
     const int64_t rows = std::min(bs, length - t);
     const TensorView source(block_data(keys.table[n]), blocks.dtype, Shape({rows, heads, dim}),
                             Shape({st[1], st[2], st[3]}));
+    if (blocks.dtype == dtype && st[3] == 1 && st[2] == dim && st[1] == heads * dim) {
+      std::memcpy(copy->data_as<char>() + t * heads * dim * element, source.data,
+                  static_cast<size_t>(rows * heads * dim * element));
+      t += rows;
+      continue;
+    }
     const TensorView dest(
         copy->data_as<char>() + t * heads * dim * static_cast<int64_t>(dtype_size(dtype)), dtype,
         Shape({rows, heads, dim}));
@@ -73,6 +85,147 @@ TensorView cached_view(const TensorView& blocks, const CachedKeys& keys, int64_t
     t += rows;
   }
   return TensorView(copy->data(), dtype, Shape({heads, length, dim}), Shape({dim, heads * dim, 1}));
+}
+
+// Runs of blocks adjacent in storage: kept keys [begin, begin + count) from block `block` on.
+struct BlockRun {
+  int64_t begin, count, block;
+};
+
+std::vector<BlockRun> block_runs(const CachedKeys& keys, int64_t length, int64_t block_size) {
+  std::vector<BlockRun> runs;
+  for (int64_t t = 0; t < length; t += block_size) {
+    const int32_t b = keys.table[keys.first_block + t / block_size];
+    const int64_t count = std::min(block_size, length - t);
+    if (!runs.empty() && runs.back().block + runs.back().count / block_size == b &&
+        runs.back().count % block_size == 0) {
+      runs.back().count += count;
+    } else {
+      runs.push_back({t, count, b});
+    }
+  }
+  return runs;
+}
+
+// Whether a sequence whose blocks are not all adjacent can run as runs of adjacent blocks
+// merged by their log-sum-exp (no copy of K and V): float32 throughout, rows of the blocks
+// contiguous, and no rule that each run would apply again (a sink) or that sees absolute key
+// indices (user rules).
+bool mergeable(const TensorView& query, const TensorView& key_blocks,
+               const TensorView& value_blocks, const AttentionOptions& options) {
+  const auto rows_contiguous = [](const TensorView& b) {
+    return b.dtype == DType::kFloat32 && b.strides[3] == 1 && b.strides[2] == b.shape[3] &&
+           b.strides[1] == b.shape[2] * b.shape[3];
+  };
+  return query.dtype == DType::kFloat32 && rows_contiguous(key_blocks) &&
+         rows_contiguous(value_blocks) && !options.sinks && !options.user_rules;
+}
+
+// One sequence over its runs of adjacent blocks: each run is a dense call on its keys (the
+// diagonal, the prefix and ALiBi's distances shifted by the run's first key; rows that see
+// none of its keys get zero weight), then every row merges its runs in order (float64):
+// o = Σ_r e^(lse_r − m)·o_r / Σ_r e^(lse_r − m), lse = m + log Σ_r e^(lse_r − m).
+void attend_over_runs(const TensorView& query, const TensorView& key_blocks,
+                      const TensorView& value_blocks, const CachedKeys& keys, int64_t length,
+                      const TensorView& output, const TensorView* logsumexp,
+                      const AttentionOptions& options, int threads) {
+  const int64_t bs = key_blocks.shape[1];
+  const std::vector<BlockRun> runs = block_runs(keys, length, bs);
+  const int64_t heads = query.shape[0], lq = query.shape[1], ev = value_blocks.shape[3];
+  const auto block_view = [&](const TensorView& blocks, const BlockRun& run) {
+    const Shape& st = blocks.strides;
+    return TensorView(blocks.data_as<float>() + run.block * st[0], DType::kFloat32,
+                      Shape({blocks.shape[2], run.count, blocks.shape[3]}),
+                      Shape({st[2], st[1], st[3]}));
+  };
+  // The parameters of run 0's dense call; each run then sets its own keys and positions.
+  AttentionOptions o = options;
+  o.fully_masked_rows = FullyMaskedRows::kZero;
+  o.num_threads = 1;
+  const TensorView k0 = block_view(key_blocks, runs[0]), v0 = block_view(value_blocks, runs[0]);
+  const detail::Problem problem = detail::validate_inputs(query, k0, v0, o);
+  detail::KernelInputs inputs;
+  const detail::SdpaParams base = detail::make_params(query, k0, v0, problem, o, inputs);
+  const detail::KernelRun kernel = detail::chosen_kernel_run(base, o.backend);
+  const int64_t dense_offset =
+      options.causal_alignment == CausalAlignment::kBottomRight ? length - lq : 0;
+  const int64_t rows = heads * lq;
+  const auto count = static_cast<int64_t>(runs.size());
+  const int64_t stride = rows * (ev + 1);  // per run: outputs (H, Lq, Ev), then lse (H, Lq)
+  std::vector<float> partial(static_cast<size_t>(count * stride));
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+  for (int64_t r = 0; r < count; ++r) {
+    try {
+      const BlockRun& run = runs[static_cast<size_t>(r)];
+      detail::SdpaParams p = base;
+      p.key = block_view(key_blocks, run).data_as<const float>();
+      p.value = block_view(value_blocks, run).data_as<const float>();
+      p.key_len = run.count;
+      p.diagonal_offset = dense_offset - run.begin;
+      p.prefix = std::clamp<int64_t>(options.prefix - run.begin, 0, run.count);
+      float* out = partial.data() + r * stride;
+      p.output = out;
+      p.output_strides = detail::OperandStrides{{0, 0, 0, lq * ev}, ev, 1};
+      p.logsumexp = out + rows * ev;
+      p.logsumexp_strides = detail::OperandStrides{{0, 0, 0, lq}, 1, 1};
+      kernel(problem.kv_group > 1 ? detail::split_kv_heads(p, problem.kv_group) : p);
+    } catch (...) {
+#pragma omp critical(attend_paged_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+
+  const int64_t group = problem.kv_group;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  std::vector<double> acc(static_cast<size_t>(ev));
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < lq; ++i) {
+      const int64_t row = h * lq + i;
+      float m = kNegInf;
+      for (int64_t r = 0; r < count; ++r) {
+        m = std::max(m, partial[static_cast<size_t>(r * stride + rows * ev + row)]);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      float lse = m;
+      if (m == kNegInf) {  // every key excluded
+        if (options.fully_masked_rows == FullyMaskedRows::kUniform) {
+          // The listing's uniform weights: the mean of V over the kept keys.
+          for (const BlockRun& run : runs) {
+            const TensorView v = block_view(value_blocks, run);
+            const float* head = v.data_as<const float>() + (h / group) * v.strides[0];
+            for (int64_t j = 0; j < run.count; ++j) {
+              for (int64_t c = 0; c < ev; ++c) {
+                acc[static_cast<size_t>(c)] += head[j * v.strides[1] + c];
+              }
+            }
+          }
+          for (double& a : acc) a /= static_cast<double>(length);
+          lse = static_cast<float>(-1e9 + std::log(static_cast<double>(length)));
+        }
+      } else {
+        double total = 0;
+        for (int64_t r = 0; r < count; ++r) {
+          const float* part = partial.data() + r * stride;
+          const double weight = std::exp(static_cast<double>(part[rows * ev + row]) - m);
+          total += weight;
+          for (int64_t c = 0; c < ev; ++c) {
+            acc[static_cast<size_t>(c)] += weight * part[row * ev + c];
+          }
+        }
+        for (double& a : acc) a /= total;
+        lse = static_cast<float>(m + std::log(total));
+      }
+      float* dest = output.data_as<float>() + h * output.strides[0] + i * output.strides[1];
+      for (int64_t c = 0; c < ev; ++c) {
+        dest[c * output.strides[2]] = static_cast<float>(acc[static_cast<size_t>(c)]);
+      }
+      if (logsumexp) {
+        logsumexp->data_as<float>()[h * logsumexp->strides[0] + i * logsumexp->strides[1]] = lse;
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -204,6 +357,16 @@ void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_
   detail::schedule_sequences(
       sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
         const RaggedSequence& seq = sequences[s];
+        const bool in_place = cached[s].consecutive && key_blocks.dtype == query.dtype &&
+                              key_blocks.strides[0] == key_blocks.shape[1] * key_blocks.strides[1];
+        if (!in_place && mergeable(query, key_blocks, value_blocks, options)) {
+          std::optional<TensorView> lse;
+          if (logsumexp) lse = detail::sequence_rows(*logsumexp, seq.q_begin, seq.q_len);
+          return attend_over_runs(detail::sequence_view(query, seq.q_begin, seq.q_len), key_blocks,
+                                  value_blocks, cached[s], seq.k_len,
+                                  detail::sequence_view(output, seq.q_begin, seq.q_len),
+                                  lse ? &*lse : nullptr, options, sequence_threads);
+        }
         std::optional<Tensor> key_copy, value_copy;
         const TensorView k = cached_view(key_blocks, cached[s], seq.k_len, query.dtype, key_copy);
         const TensorView v =
