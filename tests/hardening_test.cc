@@ -320,7 +320,7 @@ AttentionOptions options_for(const std::string& target) {
 // The backward pass: gradients must not overlap each other, an input, dO, O or the
 // log-sum-exp, and a refused call writes nothing.
 TEST(Hardening, BackwardGradientsOverlappingAreRejectedAndLeftUntouched) {
-  constexpr int64_t kPart = 2 * 4 * 8;                             // Q, K, V, dO, O: (2, 4, 8) each
+  constexpr int64_t kPart = 2 * 4 * 8;  // Q, K, V, dO, O: (2, 4, 8) each
   std::vector<float> inputs = test::uniform_values(6 * kPart, 3);  // ..., log-sum-exp at 5·kPart
   float* q = inputs.data();
   const TensorView query(q, Shape({2, 4, 8})), key(q + kPart, Shape({2, 4, 8})),

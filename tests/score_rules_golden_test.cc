@@ -20,6 +20,7 @@ namespace {
 
 const std::string kDataDir = std::string(ATTEND_TEST_DATA_DIR) + "/rules_grad/";
 
+
 struct GoldenCase {
   std::string name;
   std::string options_text;
