@@ -2,14 +2,14 @@
 # CI stage: build the libFuzzer targets (fuzz/) with clang in build-fuzz and run each for
 # FUZZ_SECONDS (default 60) from its committed seed corpus and dictionary. Any finding (crash,
 # sanitizer report, leak, timeout, out-of-memory) fails the stage and leaves the input in
-# build-fuzz/fuzz-run/<target>/artifacts/. The three targets run at once, one process each.
+# build-fuzz/fuzz-run/<target>/artifacts/. The four targets run at once, one process each.
 #
 #   FUZZ_SECONDS=600 scripts/ci-fuzz.sh          a longer run; SECURITY.md has the record
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh clang libclang-rt-14-dev libomp-14-dev
 seconds=${FUZZ_SECONDS:-60}
-targets=(npy safetensors cli)
+targets=(npy safetensors cli paged)
 
 start=$SECONDS
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
