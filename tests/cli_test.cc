@@ -327,6 +327,20 @@ TEST_F(AttendCli, FortranOrderInputIsRead) {
   EXPECT_LT(max_difference(read_npy(path("O.npy")), expected.output), kTolerance);
 }
 
+TEST_F(AttendCli, ServeBenchRunsEachConcurrency) {
+  const RunResult result = run({"serve-bench", "--requests", "5", "--concurrency", "1,3",
+                                "--prompt-max", "20", "--output-max", "6", "--threads", "1"});
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  EXPECT_NE(result.out.find("tokens/s"), std::string::npos) << result.out;
+  // One row per level: concurrency, 5 requests; the progress bar on stderr.
+  EXPECT_NE(result.out.find("          1        5"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("          3        5"), std::string::npos) << result.out;
+  EXPECT_NE(result.err.find("5/5 requests"), std::string::npos) << result.err;
+  const RunResult bad = run({"serve-bench", "--concurrency", "0"});
+  EXPECT_NE(bad.exit_status, 0);
+  EXPECT_NE(bad.err.find("--concurrency"), std::string::npos) << bad.err;
+}
+
 TEST_F(AttendCli, InfoListsTargetsAndVersionPrints) {
   const RunResult info = run({"info"});
   ASSERT_EQ(info.exit_status, 0) << info.err;

@@ -20,6 +20,7 @@
 #include "mha_command.hpp"
 #include "quote.hpp"
 #include "sdpa_command.hpp"
+#include "serve_bench_command.hpp"
 #include "train_demo_command.hpp"
 
 using attend::cli::Command;
@@ -66,6 +67,7 @@ int attend_cli_main(int argc, char** argv) {
         attend::cli::add_demo_command(app),
         attend::cli::add_mha_command(app),
         attend::cli::add_train_demo_command(app),
+        attend::cli::add_serve_bench_command(app),
     };
     // clang-format on
     try {
