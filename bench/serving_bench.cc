@@ -18,6 +18,7 @@
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/tensor.hpp"
+#include "attend/varlen.hpp"
 #include "bench/read_bandwidth.hpp"
 #include "kernels/kernel_list.hpp"
 #include "sdpa_boundary.hpp"
@@ -164,6 +165,91 @@ BENCHMARK(decode_paged)
     ->Args({32, 64, 1})
     ->Args({8, 16, 1})
     ->UseRealTime();
+
+// ---------------------------------------------------------------------------------------
+// A ragged prefill batch: 16 causal sequences of seeded lengths in [64, 4096], 2 heads,
+// E 64, all threads: one varlen call, the 16 dense calls one after another (the sum of the
+// separate times), and one dense call padded to the longest (top-left causal).
+constexpr int64_t kRaggedHeads = 2, kRaggedDim = 64;
+
+std::vector<int64_t> ragged_lengths() {
+  std::mt19937 random(16);
+  std::vector<int64_t> lengths;
+  for (int s = 0; s < 16; ++s)
+    lengths.push_back(std::uniform_int_distribution<int64_t>(64, 4096)(random));
+  return lengths;
+}
+
+void ragged_flops(benchmark::State& state, const std::vector<int64_t>& lengths) {
+  double flops = 0;
+  for (int64_t l : lengths) {
+    flops += attend::attention_flops(kRaggedHeads, l, l, kRaggedDim, kRaggedDim, true);
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void ragged_varlen(benchmark::State& state) {
+  const std::vector<int64_t> lengths = ragged_lengths();
+  int64_t total = 0;
+  for (int64_t l : lengths) total += l;
+  const Tensor q = filled(Shape({total, kRaggedHeads, kRaggedDim}), 1);
+  const Tensor k = filled(Shape({total, kRaggedHeads, kRaggedDim}), 2);
+  const Tensor v = filled(Shape({total, kRaggedHeads, kRaggedDim}), 3);
+  Tensor out(DType::kFloat32, q.shape()), cu(DType::kInt32, Shape({17}));
+  cu.data_as<int32_t>()[0] = 0;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    cu.data_as<int32_t>()[s + 1] = cu.data_as<int32_t>()[s] + static_cast<int32_t>(lengths[s]);
+  }
+  AttentionOptions options;
+  options.causal = true;
+  for (auto _ : state) {
+    attend::varlen_attention_into(q.view(), k.view(), v.view(), cu.view(), cu.view(), out.view(),
+                                  options);
+  }
+  ragged_flops(state, lengths);
+}
+
+void ragged_separate(benchmark::State& state) {
+  const std::vector<int64_t> lengths = ragged_lengths();
+  std::vector<Tensor> qs, ks, vs, outs;
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    const Shape shape({kRaggedHeads, lengths[s], kRaggedDim});
+    qs.push_back(filled(shape, 1));
+    ks.push_back(filled(shape, 2));
+    vs.push_back(filled(shape, 3));
+    outs.emplace_back(DType::kFloat32, shape);
+  }
+  AttentionOptions options;
+  options.causal = true;
+  for (auto _ : state) {
+    for (size_t s = 0; s < lengths.size(); ++s) {
+      attend::scaled_dot_product_attention_into(qs[s].view(), ks[s].view(), vs[s].view(),
+                                                outs[s].view(), nullptr, options);
+    }
+  }
+  ragged_flops(state, lengths);
+}
+
+void ragged_padded(benchmark::State& state) {
+  const std::vector<int64_t> lengths = ragged_lengths();
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  const Shape shape({16, kRaggedHeads, longest, kRaggedDim});
+  const Tensor q = filled(shape, 1), k = filled(shape, 2), v = filled(shape, 3);
+  Tensor out(DType::kFloat32, shape);
+  AttentionOptions options;
+  options.causal = true;
+  options.causal_alignment = attend::CausalAlignment::kTopLeft;
+  for (auto _ : state) {
+    attend::scaled_dot_product_attention_into(q.view(), k.view(), v.view(), out.view(), nullptr,
+                                              options);
+  }
+  ragged_flops(state, lengths);  // the useful FLOPs only
+}
+
+BENCHMARK(ragged_varlen)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(ragged_separate)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(ragged_padded)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -32,6 +32,9 @@ start=$SECONDS
 #    runs single-threaded inside (num_threads = 1) because libgomp is not TSan-instrumented.
 cmake -S . -B build-tsan "${lean[@]}" -DATTEND_BUILD_TOOLS=OFF "-DCMAKE_CXX_FLAGS=-fsanitize=thread" \
   "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" >/dev/null
-cmake --build build-tsan --target concurrency_test
+cmake --build build-tsan --target concurrency_test serving_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/concurrency_test
+# Several threads on one plan, several threads appending to and attending over one cache.
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/serving_test \
+  --gtest_filter='*Thread*'
 echo "sanitizers: TSan build and test $((SECONDS - start)) s"

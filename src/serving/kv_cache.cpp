@@ -153,26 +153,34 @@ void attend_over_runs(const TensorView& query, const TensorView& key_blocks,
   const auto count = static_cast<int64_t>(runs.size());
   const int64_t stride = rows * (ev + 1);  // per run: outputs (H, Lq, Ev), then lse (H, Lq)
   std::vector<float> partial(static_cast<size_t>(count * stride));
+  const auto run_one = [&](int64_t r) {
+    const BlockRun& run = runs[static_cast<size_t>(r)];
+    detail::SdpaParams p = base;
+    p.key = block_view(key_blocks, run).data_as<const float>();
+    p.value = block_view(value_blocks, run).data_as<const float>();
+    p.key_len = run.count;
+    p.diagonal_offset = dense_offset - run.begin;
+    p.prefix = std::clamp<int64_t>(options.prefix - run.begin, 0, run.count);
+    float* out = partial.data() + r * stride;
+    p.output = out;
+    p.output_strides = detail::OperandStrides{{0, 0, 0, lq * ev}, ev, 1};
+    p.logsumexp = out + rows * ev;
+    p.logsumexp_strides = detail::OperandStrides{{0, 0, 0, lq}, 1, 1};
+    kernel(problem.kv_group > 1 ? detail::split_kv_heads(p, problem.kv_group) : p);
+  };
+  // One thread (decode inside a busy batch): no OpenMP region at all.
   std::exception_ptr failure;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
-  for (int64_t r = 0; r < count; ++r) {
-    try {
-      const BlockRun& run = runs[static_cast<size_t>(r)];
-      detail::SdpaParams p = base;
-      p.key = block_view(key_blocks, run).data_as<const float>();
-      p.value = block_view(value_blocks, run).data_as<const float>();
-      p.key_len = run.count;
-      p.diagonal_offset = dense_offset - run.begin;
-      p.prefix = std::clamp<int64_t>(options.prefix - run.begin, 0, run.count);
-      float* out = partial.data() + r * stride;
-      p.output = out;
-      p.output_strides = detail::OperandStrides{{0, 0, 0, lq * ev}, ev, 1};
-      p.logsumexp = out + rows * ev;
-      p.logsumexp_strides = detail::OperandStrides{{0, 0, 0, lq}, 1, 1};
-      kernel(problem.kv_group > 1 ? detail::split_kv_heads(p, problem.kv_group) : p);
-    } catch (...) {
+  if (threads <= 1) {
+    for (int64_t r = 0; r < count; ++r) run_one(r);
+  } else {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t r = 0; r < count; ++r) {
+      try {
+        run_one(r);
+      } catch (...) {
 #pragma omp critical(attend_paged_failure)
-      if (!failure) failure = std::current_exception();
+        if (!failure) failure = std::current_exception();
+      }
     }
   }
   if (failure) std::rethrow_exception(failure);
