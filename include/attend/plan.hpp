@@ -21,8 +21,8 @@
 // different tensors.
 //
 // float32 operands whose last dimension is contiguous take the prepared path (prepared() is
-// true); other dtypes or layouts and need_weights run the unprepared call with the planned
-// options (the same result, the usual per-call cost).
+// true) unless an option makes the call copy them; other dtypes or layouts run the unprepared
+// call with the planned options (the same result, the usual per-call cost).
 #pragma once
 
 #include <memory>

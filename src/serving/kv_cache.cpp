@@ -125,7 +125,8 @@ bool mergeable(const TensorView& query, const TensorView& key_blocks,
 // diagonal, the prefix and ALiBi's distances shifted by the run's first key; rows that see
 // none of its keys get zero weight), then every row merges its runs in order (float64):
 // o = Σ_r e^(lse_r − m)·o_r / Σ_r e^(lse_r − m), lse = m + log Σ_r e^(lse_r − m).
-void attend_over_runs(const TensorView& query, const TensorView& key_blocks,
+// False (nothing written) when the options make the boundary copy an operand.
+bool attend_over_runs(const TensorView& query, const TensorView& key_blocks,
                       const TensorView& value_blocks, const CachedKeys& keys, int64_t length,
                       const TensorView& output, const TensorView* logsumexp,
                       const AttentionOptions& options, int threads) {
@@ -146,6 +147,14 @@ void attend_over_runs(const TensorView& query, const TensorView& key_blocks,
   const detail::Problem problem = detail::validate_inputs(query, k0, v0, o);
   detail::KernelInputs inputs;
   const detail::SdpaParams base = detail::make_params(query, k0, v0, problem, o, inputs);
+  // An option that made the boundary copy an operand (another precision of the products):
+  // the runs cannot swap their keys in; the caller gathers instead.
+  if (inputs.query || inputs.key || inputs.value ||
+      base.query != static_cast<const float*>(query.data) ||
+      base.key != static_cast<const float*>(k0.data) ||
+      base.value != static_cast<const float*>(v0.data)) {
+    return false;
+  }
   const detail::KernelRun kernel = detail::chosen_kernel_run(base, o.backend);
   const int64_t dense_offset =
       options.causal_alignment == CausalAlignment::kBottomRight ? length - lq : 0;
@@ -234,6 +243,7 @@ void attend_over_runs(const TensorView& query, const TensorView& key_blocks,
       }
     }
   }
+  return true;
 }
 
 }  // namespace
@@ -370,10 +380,12 @@ void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_
         if (!in_place && mergeable(query, key_blocks, value_blocks, options)) {
           std::optional<TensorView> lse;
           if (logsumexp) lse = detail::sequence_rows(*logsumexp, seq.q_begin, seq.q_len);
-          return attend_over_runs(detail::sequence_view(query, seq.q_begin, seq.q_len), key_blocks,
-                                  value_blocks, cached[s], seq.k_len,
-                                  detail::sequence_view(output, seq.q_begin, seq.q_len),
-                                  lse ? &*lse : nullptr, options, sequence_threads);
+          if (attend_over_runs(detail::sequence_view(query, seq.q_begin, seq.q_len), key_blocks,
+                               value_blocks, cached[s], seq.k_len,
+                               detail::sequence_view(output, seq.q_begin, seq.q_len),
+                               lse ? &*lse : nullptr, options, sequence_threads)) {
+            return;
+          }
         }
         std::optional<Tensor> key_copy, value_copy;
         const TensorView k = cached_view(key_blocks, cached[s], seq.k_len, query.dtype, key_copy);

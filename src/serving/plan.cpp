@@ -88,6 +88,15 @@ AttentionPlan::AttentionPlan(const TensorView& query, const TensorView& key,
   s.fast = plain_float(query) && plain_float(key) && plain_float(value) && plain_float(output);
   if (!s.fast) return;
   s.params = detail::make_params(query, key, value, s.problem, s.options, s.inputs);
+  // An option that made the boundary copy an operand (another precision of the products)
+  // would freeze the planning call's data into the plan: such plans run unprepared.
+  if (s.inputs.query || s.inputs.key || s.inputs.value ||
+      s.params.query != static_cast<const float*>(query.data) ||
+      s.params.key != static_cast<const float*>(key.data) ||
+      s.params.value != static_cast<const float*>(value.data)) {
+    s.fast = false;
+    return;
+  }
   TensorView out = output;
   out.strides[out.rank() - 1] = 1;
   s.params.output_strides = detail::plain_strides(out);
