@@ -235,6 +235,10 @@ Call parse_call(py::handle query, py::handle key, py::handle value, py::handle m
         o.segment_ids_key = split_heads(*o.segment_ids_key, 1, g, false, "segment_ids");
       }
     }
+  } else if (call.q.rank() >= 3) {
+    // Without enable_gqa PyTorch refuses key/value heads that differ from the query's;
+    // attend would infer grouped-query attention from such shapes: state the heads.
+    o.num_kv_heads = call.q.shape.back(2);
   }
   return call;
 }
