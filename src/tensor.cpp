@@ -8,6 +8,7 @@
 
 #include "attend/error.hpp"
 #include "checked_math.hpp"
+#include "convert_rows.hpp"
 #include "half.hpp"
 
 namespace attend {
@@ -330,6 +331,14 @@ void convert_float_row(const void* from, DType from_dtype, void* to, DType to_dt
     const auto* src = static_cast<const uint16_t*>(from);
     auto* dst = static_cast<float*>(to);
     for (int64_t i = 0; i < n; ++i) dst[i] = detail::f32_from_bf16(src[i]);
+    return;
+  }
+  if (from_dtype == DType::kFloat16 && to_dtype == DType::kFloat32) {
+    detail::f16_to_f32_row(static_cast<const uint16_t*>(from), static_cast<float*>(to), n);
+    return;
+  }
+  if (from_dtype == DType::kFloat32 && to_dtype == DType::kFloat16) {
+    detail::f32_to_f16_row(static_cast<const float*>(from), static_cast<uint16_t*>(to), n);
     return;
   }
   if (from_dtype == DType::kFloat32 && to_dtype == DType::kBFloat16) {
