@@ -3,6 +3,8 @@
 #pragma once
 
 #include "attend/runtime.hpp"
+#include "attend/sdpa.hpp"
+#include "attend/tensor.hpp"
 
 namespace attend::detail {
 
@@ -15,5 +17,10 @@ bool native_bf16_products();
 // Why not, for messages: "this CPU has no AVX512_BF16", "the SIMD cap (AVX2) rules out
 // AVX-512", or "" when they can.
 const char* why_no_bf16_products();
+
+// Whether inputs of `input_dtype` computed at `compute` (AttentionOptions::compute) take
+// bfloat16 products: kBFloat16 always, kAuto for bfloat16 inputs where the CPU has them.
+// attend::Error for kBFloat16 without them and for kFloat16 (not implemented), naming why.
+bool wants_bf16_products(DType input_dtype, ComputePrecision compute);
 
 }  // namespace attend::detail

@@ -311,38 +311,25 @@ enum class Products : uint8_t { kFloat32, kBFloat16, kFloat32OnBFloat16 };
 // tiles, on a CPU that has them; attend::Error for a precision this CPU cannot compute.
 Products choose_products(const TensorView& query, const TensorView& value,
                          const AttentionOptions& options, bool for_backward) {
-  const ComputePrecision compute = options.compute;
-  if (compute == ComputePrecision::kFloat32) return Products::kFloat32;
-  if (compute == ComputePrecision::kFloat16) {
-    throw Error("compute precision float16: " +
-                std::string(cpu_precision_support().avx512_fp16
-                                ? "float16 products are not implemented yet"
-                                : "this CPU has no AVX512_FP16") +
-                "; use ComputePrecision::kFloat32 (float16 inputs are computed in float32)");
-  }
-  const bool native = native_bf16_products();
-  if (compute == ComputePrecision::kBFloat16) {
-    if (!native) {
-      throw Error(std::string("compute precision bfloat16 needs bfloat16 products, but ") +
-                  why_no_bf16_products() + "; use ComputePrecision::kFloat32");
+  if (!wants_bf16_products(query.dtype, options.compute)) return Products::kFloat32;
+  const bool requested = options.compute == ComputePrecision::kBFloat16;
+  if (options.backend == Backend::kReference) {
+    if (requested) {
+      throw Error(
+          "compute precision bfloat16 runs on the fused backend (the reference computes "
+          "in float64)");
     }
-    if (options.backend == Backend::kReference) {
-      throw Error("compute precision bfloat16 runs on the fused backend (the reference computes "
-                  "in float64)");
-    }
-  } else if (query.dtype != DType::kBFloat16 || !native || options.backend == Backend::kReference) {
     return Products::kFloat32;
   }
   const int64_t key_len = value.shape.back(1);
-  const double packed_bytes = 4.0 * (static_cast<double>(key_len) *
-                                         static_cast<double>((query.shape.back(0) + 1) / 2) +
-                                     static_cast<double>((key_len + 1) / 2) *
-                                         static_cast<double>(value.shape.back(0)));
+  const double packed_bytes =
+      4.0 * (static_cast<double>(key_len) * static_cast<double>((query.shape.back(0) + 1) / 2) +
+             static_cast<double>((key_len + 1) / 2) * static_cast<double>(value.shape.back(0)));
   const bool tiles = 2 * query.shape.back(1) > fused_lanes();
   // The backward's products are float32 (on the rounded inputs for kBFloat16).
   const bool products = !for_backward && tiles && packed_bytes <= kMaxPackedBf16Bytes;
   if (products) return Products::kBFloat16;
-  return compute == ComputePrecision::kBFloat16 ? Products::kFloat32OnBFloat16 : Products::kFloat32;
+  return requested ? Products::kFloat32OnBFloat16 : Products::kFloat32;
 }
 
 }  // namespace

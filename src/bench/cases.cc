@@ -238,6 +238,12 @@ const std::vector<BenchCase>& bench_cases() {
        .target = {TargetKind::kMinPercentOfRead, 85},
        .summary = "decode with a bfloat16 KV cache (half the bytes)",
        .baseline = "decode"},
+      {.name = "unet-block-bf16",
+       .shape = {1, 4, 4096, 4096, 32, false, false, {}, DType::kBFloat16},
+       .workload = Workload::kSpatialBlock,
+       .target = {TargetKind::kNone, 0},
+       .summary = "unet-block on a bfloat16 map: projections and attention in bfloat16",
+       .baseline = "unet-block"},
       {.name = "s4-fp16",
        .shape = {1, 16, 2048, 2048, 128, false, false, {}, DType::kFloat16},
        .target = {TargetKind::kMinSpeedup, 1.7},
@@ -499,6 +505,7 @@ std::function<void()> make_module_workload(const BenchCase& c, int num_threads) 
     auto module = std::make_shared<MultiHeadAttention>(width, s.heads, MultiHeadOptions{}, 7);
     auto input = std::make_shared<Tensor>(DType::kFloat32, Shape{s.batch, s.query_len, width});
     fill_uniform(*input, 4);
+    *input = in_dtype(*input, s.dtype);
     MultiHeadForwardOptions options;
     options.need_weights = false;
     options.causal = s.causal;
@@ -512,6 +519,7 @@ std::function<void()> make_module_workload(const BenchCase& c, int num_threads) 
   auto block = std::make_shared<SpatialSelfAttention>(width, s.heads, SpatialAttentionOptions{}, 7);
   auto map = std::make_shared<Tensor>(DType::kFloat32, Shape{s.batch, width, 64, 64});
   fill_uniform(*map, 5);
+  *map = in_dtype(*map, s.dtype);
   return [block, map, num_threads] { (void)block->forward(map->view(), num_threads); };
 }
 
