@@ -33,7 +33,8 @@ void F16ToF32(const uint16_t* from, float* to, int64_t n) {
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
   const auto lanes = static_cast<int64_t>(hn::Lanes(df));
   const auto* h = reinterpret_cast<const hwy::float16_t*>(from);
-  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, h + i)), df, to + i);
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, h + i)), df, to + i);
 #endif
   for (; i < n; ++i) to[i] = f32_from_f16(from[i]);
 }
@@ -45,7 +46,8 @@ void F32ToF16(const float* from, uint16_t* to, int64_t n) {
   const hn::Rebind<hwy::float16_t, decltype(df)> dh;
   const auto lanes = static_cast<int64_t>(hn::Lanes(df));
   auto* h = reinterpret_cast<hwy::float16_t*>(to);
-  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, from + i)), dh, h + i);
+  for (; i + lanes <= n; i += lanes)
+    hn::StoreU(hn::DemoteTo(dh, hn::LoadU(df, from + i)), dh, h + i);
 #endif
   for (; i < n; ++i) to[i] = f16_from_f32(from[i]);
 }

@@ -15,9 +15,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <cmath>
 #include <string>
 #include <vector>
 
@@ -150,10 +150,11 @@ TEST(Bf16Products, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
       }
     }
   }
-  std::printf("bfloat16 products ran natively on %d of %d cases (the others are decoding "
-              "shapes: float32 products on the rounded inputs); the largest output error was "
-              "%.2f of the allowed\n",
-              native, cases, worst_share);
+  std::printf(
+      "bfloat16 products ran natively on %d of %d cases (the others are decoding "
+      "shapes: float32 products on the rounded inputs); the largest output error was "
+      "%.2f of the allowed\n",
+      native, cases, worst_share);
   EXPECT_GT(native, cases / 2);
 }
 
@@ -177,16 +178,19 @@ TEST(Bf16Products, RefusedWhereTheCpuCannotRunThem) {
   const Tensor q = random_tensor({1, 32, 16}, 1);
   AttentionOptions options;
   options.compute = ComputePrecision::kFloat16;
-  expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); }, "compute precision float16");
+  expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); },
+               "compute precision float16");
   options.compute = ComputePrecision::kBFloat16;
   if (!bf16_available()) {
-    expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); }, "AVX512_BF16");
+    expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); },
+                 "AVX512_BF16");
     return;
   }
   // Capped below AVX-512, the instructions are not used: a clear error, no illegal
   // instruction; bfloat16 inputs with the default precision fall back to float32 products.
   ScopedSimdCap cap("AVX2");
-  expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); }, "capped below AVX-512");
+  expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); },
+               "capped below AVX-512");
   const Tensor qb = bf16_copy(q.view());
   EXPECT_EQ(attention_kernel(qb.view(), qb.view(), qb.view()), "fused tiles");
 }

@@ -177,9 +177,9 @@ TEST_F(AttendCli, SdpaMatchesTheReferenceBackend) {
 // bfloat16 products, and a one-line error where it does not; fp16 products are refused.
 TEST_F(AttendCli, ComputeDtypeSelectsThePrecisionOfTheProducts) {
   write("Q20.npy", filled(Shape({2, 20, 8}), 5));
-  const std::vector<std::string> common = {"sdpa", "--query", "Q20.npy", "--key", "K.npy",
-                                           "--value", "V.npy", "--out", "O.npy",
-                                           "--compute-dtype"};
+  const std::vector<std::string> common = {"sdpa",  "--query",        "Q20.npy", "--key",
+                                           "K.npy", "--value",        "V.npy",   "--out",
+                                           "O.npy", "--compute-dtype"};
   std::vector<std::string> bf16 = common, fp16 = common;
   bf16.push_back("bf16");
   fp16.push_back("fp16");
@@ -194,7 +194,8 @@ TEST_F(AttendCli, ComputeDtypeSelectsThePrecisionOfTheProducts) {
                v = read_npy(path("V.npy"));
   AttentionOptions options;
   options.compute = ComputePrecision::kBFloat16;
-  const Tensor expected = scaled_dot_product_attention(q.view(), k.view(), v.view(), options).output;
+  const Tensor expected =
+      scaled_dot_product_attention(q.view(), k.view(), v.view(), options).output;
   const Tensor output = read_npy(path("O.npy"));
   ASSERT_EQ(output.nbytes(), expected.nbytes());
   EXPECT_EQ(std::memcmp(output.data(), expected.data(), output.nbytes()), 0);

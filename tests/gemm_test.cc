@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -143,8 +143,9 @@ TEST_P(GemmEveryTarget, ResultDoesNotDependOnThreadCount) {
   std::vector<float> first;
   for (int threads : {1, 2, 3, 7}) {
     std::vector<float> output(static_cast<size_t>(M * N));
-    LinearParams p{M, N, K, input.data(), K, weight.data(), K, bias.data(), output.data(),
-                   N, threads, nullptr};
+    LinearParams p{
+        M, N,       K,      input.data(), K, weight.data(), K, bias.data(), output.data(),
+        N, threads, nullptr};
     linear(p);
     if (first.empty()) {
       first = output;

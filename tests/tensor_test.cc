@@ -92,7 +92,8 @@ TEST(ConvertRows, MatchesTheScalarDefinitionsOnEveryTarget) {
     }
     const auto n = static_cast<int64_t>(floats.size());
     std::vector<uint16_t> narrowed(floats.size());
-    convert(TensorView(floats.data(), Shape{n}), TensorView(narrowed.data(), DType::kFloat16, Shape{n}));
+    convert(TensorView(floats.data(), Shape{n}),
+            TensorView(narrowed.data(), DType::kFloat16, Shape{n}));
     for (size_t i = 0; i < floats.size(); ++i) {
       const uint16_t expected = detail::f16_from_f32(floats[i]);
       if (std::isnan(floats[i])) {

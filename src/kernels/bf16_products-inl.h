@@ -124,7 +124,8 @@ inline void LoadQueryPairs(const SdpaParams& p, const uint16_t* query_rows, int6
     }
     if (p.head_dim % 2) query_pairs[(e2 - 1) * tq + r] = q[p.head_dim - 1];
   }
-  for (int64_t i = 0; i < e2; ++i) std::fill(query_pairs + i * tq + rows, query_pairs + (i + 1) * tq, 0u);
+  for (int64_t i = 0; i < e2; ++i)
+    std::fill(query_pairs + i * tq + rows, query_pairs + (i + 1) * tq, 0u);
 }
 
 #if ATTEND_BF16_PRODUCTS
@@ -136,9 +137,8 @@ inline void LoadQueryPairs(const SdpaParams& p, const uint16_t* query_rows, int6
 // score_t[c][q] = factor·Σ_e2 dot(query_pairs[e2][q], key[c][e2]) for KEYS keys: a
 // KEYS × QV register block (as ScoreBlock, two multiply-adds per lane and instruction).
 template <int QV, int KEYS>
-ATTEND_BF16_ATTR void ScoreBlockBf16(const uint32_t* HWY_RESTRICT query_pairs,
-                                     const uint32_t* key, int64_t pairs, float factor,
-                                     float* HWY_RESTRICT score_t) {
+ATTEND_BF16_ATTR void ScoreBlockBf16(const uint32_t* HWY_RESTRICT query_pairs, const uint32_t* key,
+                                     int64_t pairs, float factor, float* HWY_RESTRICT score_t) {
   constexpr int64_t tq = QV * 16;
   __m512 acc[KEYS][QV];
   _Pragma("GCC unroll 16") for (int c = 0; c < KEYS; ++c) {
@@ -150,14 +150,16 @@ ATTEND_BF16_ATTR void ScoreBlockBf16(const uint32_t* HWY_RESTRICT query_pairs,
       q[r] = reinterpret_cast<__m512bh>(_mm512_load_si512(query_pairs + i * tq + r * 16));
     }
     _Pragma("GCC unroll 16") for (int c = 0; c < KEYS; ++c) {
-      const auto k = reinterpret_cast<__m512bh>(
-          _mm512_set1_epi32(static_cast<int32_t>(key[c * pairs + i])));
-      _Pragma("GCC unroll 16") for (int r = 0; r < QV; ++r) acc[c][r] = _mm512_dpbf16_ps(acc[c][r], q[r], k);
+      const auto k =
+          reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(key[c * pairs + i])));
+      _Pragma("GCC unroll 16") for (int r = 0; r < QV; ++r) acc[c][r] =
+          _mm512_dpbf16_ps(acc[c][r], q[r], k);
     }
   }
   const __m512 f = _mm512_set1_ps(factor);
   _Pragma("GCC unroll 16") for (int c = 0; c < KEYS; ++c) {
-    _Pragma("GCC unroll 16") for (int r = 0; r < QV; ++r) _mm512_store_ps(score_t + c * tq + r * 16, _mm512_mul_ps(acc[c][r], f));
+    _Pragma("GCC unroll 16") for (int r = 0; r < QV; ++r)
+        _mm512_store_ps(score_t + c * tq + r * 16, _mm512_mul_ps(acc[c][r], f));
   }
 }
 
@@ -207,11 +209,13 @@ ATTEND_BF16_ATTR void ValueBlockBf16(const uint32_t* HWY_RESTRICT prob_pairs,
     const uint32_t* v = value_column + i * value_stride;
     _Pragma("GCC unroll 16") for (int c = 0; c < COLS; ++c) {
       const auto vb = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(v[c])));
-      _Pragma("GCC unroll 16") for (int r = 0; r < RQ; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], prob[r], vb);
+      _Pragma("GCC unroll 16") for (int r = 0; r < RQ; ++r) acc[r][c] =
+          _mm512_dpbf16_ps(acc[r][c], prob[r], vb);
     }
   }
   _Pragma("GCC unroll 16") for (int r = 0; r < RQ; ++r) {
-    _Pragma("GCC unroll 16") for (int c = 0; c < COLS; ++c) _mm512_store_ps(out_t_column + c * tq + (r0 + r) * 16, acc[r][c]);
+    _Pragma("GCC unroll 16") for (int c = 0; c < COLS; ++c)
+        _mm512_store_ps(out_t_column + c * tq + (r0 + r) * 16, acc[r][c]);
   }
 }
 #endif  // ATTEND_BF16_PRODUCTS

@@ -151,9 +151,9 @@ void MicroKernel(const float* HWY_RESTRICT input, int64_t input_stride,
 #define ATTEND_GEMM_BF16 1
 template <int kRows>
 __attribute__((noinline, target("avx512bf16"))) void MicroKernelBf16(
-    const uint16_t* input, int64_t input_stride, const uint32_t* HWY_RESTRICT panel,
-    int64_t depth, const float* HWY_RESTRICT bias_panel, bool accumulate,
-    float* HWY_RESTRICT output, int64_t output_stride, int64_t valid_columns) {
+    const uint16_t* input, int64_t input_stride, const uint32_t* HWY_RESTRICT panel, int64_t depth,
+    const float* HWY_RESTRICT bias_panel, bool accumulate, float* HWY_RESTRICT output,
+    int64_t output_stride, int64_t valid_columns) {
   constexpr int64_t kWidth = 32;  // columns per panel: two vectors of 16
   __m512 acc[kRows][2];
   HWY_ALIGN float staging[kWidth] = {};
@@ -189,11 +189,15 @@ __attribute__((noinline, target("avx512bf16"))) void MicroKernelBf16(
                 static_cast<size_t>(valid_columns) * sizeof(float));
   }
 }
-using MicroKernelBf16Fn = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t,
-                                   const float*, bool, float*, int64_t, int64_t);
-constexpr MicroKernelBf16Fn kMicroKernelsBf16[kMicroRows + 1] = {
-    nullptr,           MicroKernelBf16<1>, MicroKernelBf16<2>, MicroKernelBf16<3>,
-    MicroKernelBf16<4>, MicroKernelBf16<5>, MicroKernelBf16<6>};
+using MicroKernelBf16Fn = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, const float*,
+                                   bool, float*, int64_t, int64_t);
+constexpr MicroKernelBf16Fn kMicroKernelsBf16[kMicroRows + 1] = {nullptr,
+                                                                 MicroKernelBf16<1>,
+                                                                 MicroKernelBf16<2>,
+                                                                 MicroKernelBf16<3>,
+                                                                 MicroKernelBf16<4>,
+                                                                 MicroKernelBf16<5>,
+                                                                 MicroKernelBf16<6>};
 
 // The packed path with bfloat16 products: panels of 32 columns of bfloat16 pairs.
 void LinearBf16(const LinearParams& p, int threads) {
@@ -235,8 +239,8 @@ void LinearBf16(const LinearParams& p, int threads) {
         for (int64_t row = block * kRowBlock; row < block_end; row += kMicroRows) {
           const int64_t rows_here = std::min(kMicroRows, block_end - row);
           kMicroKernelsBf16[rows_here](p.input_bf16 + row * p.input_row_stride + k0,
-                                       p.input_row_stride, panel_data + k0 / 2 * kWidth,
-                                       depth_here, bias_panel, k0 > 0,
+                                       p.input_row_stride, panel_data + k0 / 2 * kWidth, depth_here,
+                                       bias_panel, k0 > 0,
                                        p.output + row * p.output_row_stride + first_column,
                                        p.output_row_stride, valid_columns);
         }
@@ -403,8 +407,7 @@ HWY_EXPORT(LinearImpl);
 void linear(const LinearParams& params) {
   // Rows up to which products stay float32 (see LinearParams::input_bf16): kFewRows.
   constexpr int64_t kFewBf16Rows = 8;
-  if (params.input_bf16 != nullptr &&
-      (params.rows <= kFewBf16Rows || !native_bf16_products())) {
+  if (params.input_bf16 != nullptr && (params.rows <= kFewBf16Rows || !native_bf16_products())) {
     // Float32 products: the bfloat16 input widened (exactly).
     std::vector<float> widened(static_cast<size_t>(params.rows * params.depth));
     for (int64_t m = 0; m < params.rows; ++m) {

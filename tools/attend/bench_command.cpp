@@ -198,8 +198,8 @@ std::string problem_key(const bench::AttentionShape& s, bool need_weights, int t
   std::snprintf(key, sizeof(key), "%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.heads),
                 static_cast<long long>(s.query_len), static_cast<long long>(s.key_len),
-                static_cast<long long>(s.head_dim), s.causal ? 1 : 0, need_weights ? 1 : 0,
-                threads, dtype_name(s.dtype));
+                static_cast<long long>(s.head_dim), s.causal ? 1 : 0, need_weights ? 1 : 0, threads,
+                dtype_name(s.dtype));
   return key;
 }
 
@@ -232,7 +232,8 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
   }
   if (!c.baseline.empty()) {
     // The float32 case in this run: reused when it ran before, else timed now.
-    const auto measured = seconds_by_problem.find(c.baseline + "@" + std::to_string(result.threads));
+    const auto measured =
+        seconds_by_problem.find(c.baseline + "@" + std::to_string(result.threads));
     if (measured != seconds_by_problem.end()) {
       result.baseline_seconds = measured->second;
     } else {

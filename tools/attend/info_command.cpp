@@ -46,7 +46,8 @@ void run_info() {
 
 Command add_info_command(CLI::App& app) {
   CLI::App* info = app.add_subcommand(
-      "info", "Print the version, SIMD targets (compiled, supported, active), thread count and the "
+      "info",
+      "Print the version, SIMD targets (compiled, supported, active), thread count and the "
       "reduced-precision paths");
   return {info, [] { run_info(); }};
 }
