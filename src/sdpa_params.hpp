@@ -1,7 +1,8 @@
 // sdpa_params.hpp: the one plain struct every attention kernel reads, filled and validated
 // once by src/sdpa.cpp (after the model of flash-attention's flash.h).
 //
-// All tensors are float32 (mask: one byte per entry, nonzero keeps) with the last
+// All tensors are float32 (mask: one byte per entry, nonzero keeps; query, key and value
+// bfloat16 for bfloat16 products) with the last
 // dimension of query, key, value, output and weights contiguous (stride 1). Every other
 // stride is in elements and may be anything, including 0 for broadcast mask and bias.
 // The batch is up to kMaxBatchRank leading dimensions; batch index b in [0, batch) is
@@ -11,6 +12,7 @@
 #include <cstdint>
 
 #include "attend/score_mod.hpp"
+#include "attend/tensor.hpp"
 
 namespace attend::detail {
 
@@ -40,6 +42,20 @@ struct SdpaParams {
   OperandStrides key_strides;
   const float* value = nullptr;
   OperandStrides value_strides;
+
+  // Half-precision operands (bfloat16 or float16: half_dtype) in place of the float32
+  // pointers above (null then), with the same strides:
+  //  - bfloat16 products (AttentionOptions::compute, AVX512_BF16; bf16_products-inl.h):
+  //    query_half, key_half and value_half, all bfloat16; only the query tiles run them;
+  //  - half-precision K and V for the row groups (decoding: K and V are the bytes a step
+  //    reads), widened to float32 as they are loaded: key_half and value_half, query float32.
+  // The boundary chooses either only for the kernel that runs it.
+  DType half_dtype = DType::kBFloat16;
+  const uint16_t* query_half = nullptr;
+  const uint16_t* key_half = nullptr;
+  const uint16_t* value_half = nullptr;
+  bool bf16_products() const { return query_half != nullptr; }
+  bool half_kv() const { return key_half != nullptr; }
 
   // output (..., Lq, Ev): written. weights (..., Lq, Lk): written when not null.
   float* output = nullptr;

@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "dropout.hpp"
+#include "half.hpp"
 #include "sdpa_params.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -37,14 +38,22 @@ inline float FullyExcludedLogSumExp(const SdpaParams& p) {
              : static_cast<float>(-1e9 + std::log(static_cast<double>(p.key_len)));
 }
 
+// A bfloat16 or float16 (`dtype`) value as float32 (exact).
+inline float HalfToFloat(DType dtype, uint16_t bits) {
+  return dtype == DType::kFloat16 ? f32_from_f16(bits) : f32_from_bf16(bits);
+}
+
 // One (batch, query tile) work item: the operands' base pointers and the tile's extent.
 struct Tile {
   int64_t batch;
   int64_t first_query;  // q0
   int64_t rows;         // queries in this tile, <= Tq
-  const float* query;   // batch base pointers
+  const float* query;   // batch base pointers (null with bfloat16 products)
   const float* key;
   const float* value;
+  const uint16_t* query_half;  // batch base pointers of half-precision operands, else null
+  const uint16_t* key_half;
+  const uint16_t* value_half;
   int64_t key_stride;    // rows of key and value: the operands' strides, or E and Ev when
   int64_t value_stride;  // the tile reads a packed copy (see PackKeysAndValues)
   float* output;
@@ -90,8 +99,13 @@ void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query)
     float weight = uniform;
     if (p.dropout > 0) weight = dropout_keep(p.seed, threshold, tile.batch, query, j) ? kept : 0.0f;
     if (w) w[j] = weight;
-    const float* v = tile.value + j * tile.value_stride;
-    for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * v[c];
+    if (tile.value) {
+      const float* v = tile.value + j * tile.value_stride;
+      for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * v[c];
+    } else {
+      const uint16_t* v = tile.value_half + j * tile.value_stride;
+      for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * HalfToFloat(p.half_dtype, v[c]);
+    }
   }
 }
 
@@ -101,9 +115,16 @@ void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query)
 void SetTileBatch(const SdpaParams& p, int64_t b, Tile& tile) {
   tile.batch = b;
   const SdpaParams::BatchCoordinates at = p.batch_coordinates(b);
-  tile.query = p.query + at.offset(p.query_strides);
-  tile.key = p.key + at.offset(p.key_strides);
-  tile.value = p.value + at.offset(p.value_strides);
+  // Each operand float32 or half precision (the other pointer null: see SdpaParams).
+  const auto at_batch = [&](const auto* base, const OperandStrides& strides) {
+    return base != nullptr ? base + at.offset(strides) : nullptr;
+  };
+  tile.query = at_batch(p.query, p.query_strides);
+  tile.key = at_batch(p.key, p.key_strides);
+  tile.value = at_batch(p.value, p.value_strides);
+  tile.query_half = at_batch(p.query_half, p.query_strides);
+  tile.key_half = at_batch(p.key_half, p.key_strides);
+  tile.value_half = at_batch(p.value_half, p.value_strides);
   tile.key_stride = p.key_strides.row;
   tile.value_stride = p.value_strides.row;
   tile.output = p.output + at.offset(p.output_strides);
