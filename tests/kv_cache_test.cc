@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "attend/runtime.hpp"
 #include "attend/varlen.hpp"
 #include "serving_support.hpp"
 #include "test_support.hpp"
@@ -201,6 +202,17 @@ TEST(PagedAttention, HalfPrecisionStorage) {
                                              b.cu_k.view(), causal);
     EXPECT_TRUE(same_bits(out, expected)) << dtype_name(dtype);
   }
+}
+
+TEST(PagedAttention, ProductsInAnotherPrecisionGatherTheKeys) {
+  // bfloat16 products copy the operands: shuffled blocks are gathered instead of merged,
+  // giving the dense call's bits.
+  if (bf16_compute_path().rfind("bfloat16", 0) != 0) GTEST_SKIP() << bf16_compute_path();
+  const PagedBatch b = make_batch({70, 33}, {40, 20}, 8, true, 21);
+  AttentionOptions options;
+  options.causal = true;
+  options.compute = ComputePrecision::kBFloat16;
+  EXPECT_TRUE(same_bits(paged(b, options), dense(b, options)));
 }
 
 TEST(PagedAttention, RefusesBadBlockTablesBeforeReading) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "serving_support.hpp"
 #include "test_support.hpp"
@@ -86,6 +87,24 @@ TEST(AttentionPlan, BitwiseTheUnpreparedCall) {
                       "mask, bias, dropout");
   expect_plan_matches(make_problem({2, 5, 8}, {2, 9, 8}, {2, 9, 8}, 7, DType::kFloat16), {},
                       "float16: the unprepared call");
+}
+
+TEST(AttentionPlan, ProductsInAnotherPrecisionRunUnprepared) {
+  // bfloat16 products round copies of the float32 operands: a plan cannot keep those copies,
+  // so it runs the unprepared call (the same bits), with the next call's data.
+  if (bf16_compute_path().rfind("bfloat16", 0) != 0) GTEST_SKIP() << bf16_compute_path();
+  AttentionOptions options;
+  options.compute = ComputePrecision::kBFloat16;
+  const Problem first = make_problem({2, 40, 32}, {2, 50, 32}, {2, 50, 32}, 1);
+  const Problem second = make_problem({2, 40, 32}, {2, 50, 32}, {2, 50, 32}, 2);
+  Tensor planned(DType::kFloat32, output_shape(first)),
+      direct(DType::kFloat32, output_shape(first));
+  const AttentionPlan plan(first.q.view(), first.k.view(), first.v.view(), planned.view(), options);
+  EXPECT_FALSE(plan.prepared());
+  plan.run(second.q.view(), second.k.view(), second.v.view(), planned.view());
+  scaled_dot_product_attention_into(second.q.view(), second.k.view(), second.v.view(),
+                                    direct.view(), nullptr, options);
+  EXPECT_TRUE(same_bits(planned, direct));
 }
 
 TEST(AttentionPlan, StridedOutputAsPlanned) {
