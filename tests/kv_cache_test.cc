@@ -310,6 +310,69 @@ TEST(PagedKvCache, PrefillThenDecodeEqualsDense) {
   EXPECT_EQ(cache.free_blocks(), 40 - used + 1);
 }
 
+// int8 cache: per token and head, scale = max|x| / 127 and q = round(x / scale); attention
+// equals the dense call on those dequantized values (bitwise), and the float one within the
+// quantization's error.
+TEST(PagedKvCache, Int8CacheWithinItsErrorModel) {
+  KvCacheConfig config;
+  config.num_blocks = 30;
+  config.block_size = 4;
+  config.kv_heads = kKvHeads;
+  config.head_dim = kDim;
+  config.value_dim = kValueDim;
+  config.dtype = DType::kInt8;
+  PagedKvCache cache(config);
+  const int64_t a = cache.add_sequence(), b = cache.add_sequence();
+  const Tensor k = random_tensor(Shape({29, kKvHeads, kDim}), 1, 3.0);
+  const Tensor v = random_tensor(Shape({29, kKvHeads, kValueDim}), 2, 3.0);
+  const Tensor cu = offsets({19, 10});
+  cache.append({a, b}, k.view(), v.view(), cu.view());
+  // The test's own dequantization, token by token in append order.
+  const auto quantized = [&](const Tensor& x, int64_t dim) {
+    Tensor y(DType::kFloat32, x.shape());
+    for (int64_t r = 0; r < x.numel() / dim; ++r) {
+      const float* row = x.data_as<float>() + r * dim;
+      float largest = 0;
+      for (int64_t e = 0; e < dim; ++e) largest = std::max(largest, std::abs(row[e]));
+      const float scale = largest / 127.0f;
+      for (int64_t e = 0; e < dim; ++e) {
+        const float q = scale == 0 ? 0.0f : std::nearbyint(row[e] / scale);
+        y.data_as<float>()[r * dim + e] = scale * q;
+        EXPECT_LE(std::abs(scale * q - row[e]), scale / 2 * (1 + 1e-6) + 1e-7);  // error model
+      }
+    }
+    return y;
+  };
+  const Tensor kq = quantized(k, kDim), vq = quantized(v, kValueDim);
+  AttentionOptions causal;
+  causal.causal = true;
+  const Tensor q = random_tensor(Shape({5, kHeads, kDim}), 3);
+  const Tensor cu_q = offsets({4, 1});
+  Tensor out(DType::kFloat32, Shape({5, kHeads, kValueDim}));
+  cache.attend({a, b}, q.view(), cu_q.view(), out.view(), causal);
+  const Tensor on_quantized =
+      varlen_attention(q.view(), kq.view(), vq.view(), cu_q.view(), cu.view(), causal);
+  EXPECT_TRUE(same_bits(out, on_quantized));
+  const Tensor on_floats =
+      varlen_attention(q.view(), k.view(), v.view(), cu_q.view(), cu.view(), causal);
+  for (int64_t n = 0; n < out.numel(); ++n) {
+    // |Δv| ≤ 3/254 per value, |Δs| ≤ scale·Σ|q_e|·3/254 per score: a few percent at most.
+    EXPECT_NEAR(out.data_as<float>()[n], on_floats.data_as<float>()[n], 0.1) << n;
+  }
+  EXPECT_EQ(cache.key_scales().shape, Shape({30, 4, kKvHeads}));
+  EXPECT_EQ(cache.bytes(), uint64_t{30 * 4 * kKvHeads * (kDim + kValueDim + 8)});
+  // The raw call refuses int8 blocks (it has no scales).
+  Tensor tables(DType::kInt32, Shape({1, 1})), lens(DType::kInt32, Shape({1}));
+  tables.data_as<int32_t>()[0] = 0;
+  lens.data_as<int32_t>()[0] = 1;
+  const Tensor one = offsets({1});
+  EXPECT_NE(error_of([&] {
+              paged_attention_into(q.view(), one.view(), cache.key_blocks(), cache.value_blocks(),
+                                   tables.view(), lens.view(), out.view());
+            }).find("PagedKvCache::attend"),
+            std::string::npos);
+}
+
 TEST(PagedKvCache, FullCacheIsRefusedBeforeWriting) {
   KvCacheConfig config;
   config.num_blocks = 3;

@@ -1,7 +1,8 @@
 // attend/kv_cache.hpp: a paged key/value cache (vLLM's layout) and attention over it.
 //
 // Storage: fixed-size blocks, key_blocks (num_blocks, block_size, Hkv, E) and value_blocks
-// (num_blocks, block_size, Hkv, Ev), float32, float16 or bfloat16. A sequence's tokens live in
+// (num_blocks, block_size, Hkv, Ev), float32, float16 or bfloat16 (and, in PagedKvCache,
+// int8 with a scale per token and head). A sequence's tokens live in
 // the blocks its block table lists: token t at block_table[t / block_size], row
 // t % block_size. Leading entries may be -1: blocks evicted by a sliding window (the
 // sequence's first kept token is then the first of its first listed block).
@@ -53,8 +54,10 @@ struct KvCacheConfig {
   int64_t block_size = 16;
   int64_t kv_heads = 1;
   int64_t head_dim = 64;
-  int64_t value_dim = 0;          // 0: head_dim
-  DType dtype = DType::kFloat32;  // float32, float16 or bfloat16
+  int64_t value_dim = 0;  // 0: head_dim
+  // float32, float16 or bfloat16; or int8 with one float32 scale per token and head
+  // (key_scales(), value_scales()): x ≈ scale·q, scale = max|x| / 127 over the head's E.
+  DType dtype = DType::kFloat32;
 };
 
 // A cache with its block tables and free list. Thread safety: the bookkeeping is behind a
@@ -69,9 +72,14 @@ class PagedKvCache {
   // (num_blocks, block_size, Hkv, E) and (num_blocks, block_size, Hkv, Ev).
   TensorView key_blocks() const { return keys_.view(); }
   TensorView value_blocks() const { return values_.view(); }
+  // int8 caches: (num_blocks, block_size, Hkv) float32 scales; empty views otherwise.
+  TensorView key_scales() const { return key_scales_.view(); }
+  TensorView value_scales() const { return value_scales_.view(); }
   int64_t free_blocks() const;
   // Bytes of key and value storage.
-  uint64_t bytes() const { return keys_.nbytes() + values_.nbytes(); }
+  uint64_t bytes() const {
+    return keys_.nbytes() + values_.nbytes() + key_scales_.nbytes() + value_scales_.nbytes();
+  }
 
   // A new empty sequence; returns its id.
   int64_t add_sequence();
@@ -95,7 +103,9 @@ class PagedKvCache {
   void evict_outside_window(int64_t id, int64_t window);
 
   // Attention of the batch: sequence s = ids[s] has the packed queries of cu_seqlens_q
-  // (the last of its cached tokens), as paged_attention_into.
+  // (the last of its cached tokens), as paged_attention_into. An int8 cache dequantizes the
+  // batch's kept keys and values (scale·q, in float32, then the query's dtype) into a
+  // packed copy and runs varlen_attention_into on it.
   void attend(const std::vector<int64_t>& ids, const TensorView& query,
               const TensorView& cu_seqlens_q, const TensorView& output,
               const AttentionOptions& options = {}, const TensorView* logsumexp = nullptr) const;
@@ -110,9 +120,13 @@ class PagedKvCache {
   Sequence& find(int64_t id);
   const Sequence& find(int64_t id) const;
   int32_t take_block();
+  void attend_int8(const std::vector<const Sequence*>& sequences, const TensorView& query,
+                   const TensorView& cu_seqlens_q, const TensorView& output,
+                   const AttentionOptions& options, const TensorView* logsumexp) const;
 
   KvCacheConfig config_;
   Tensor keys_, values_;
+  Tensor key_scales_, value_scales_;  // int8 only
   mutable std::mutex mutex_;
   std::vector<int32_t> free_;  // kept sorted descending: the lowest index is at the back
   std::map<int64_t, Sequence> sequences_;

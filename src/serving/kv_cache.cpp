@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "attend/varlen.hpp"
 #include "grouped_query.hpp"
 #include "kernels/kernel_list.hpp"
 #include "sdpa_boundary.hpp"
@@ -48,7 +49,8 @@ void check_blocks(const char* name, const TensorView& blocks) {
   }
   if (!detail::is_attention_float(blocks.dtype)) {
     throw Error(std::string(name) + ": dtype " + dtype_name(blocks.dtype) +
-                " is not supported (float32, float16 or bfloat16)");
+                " is not supported (float32, float16 or bfloat16; an int8 cache attends "
+                "through PagedKvCache::attend, which knows its scales)");
   }
 }
 
@@ -246,6 +248,27 @@ bool attend_over_runs(const TensorView& query, const TensorView& key_blocks,
   return true;
 }
 
+// int8 rows of a cache: token t, head h of `rows` (tokens, Hkv, D), any floating dtype:
+// scale = max_e |x_e| / 127, q_e = round(x_e / scale) in [-127, 127] (all 0, scale 0, for
+// a zero row).
+void quantize_rows(const TensorView& rows, int8_t* out, float* scales) {
+  Tensor values(DType::kFloat32, rows.shape);
+  convert(rows, values.view());
+  const int64_t count = rows.shape[0] * rows.shape[1], dim = rows.shape[2];
+  const float* x = values.data_as<float>();
+  for (int64_t r = 0; r < count; ++r, x += dim, out += dim) {
+    float largest = 0;
+    for (int64_t e = 0; e < dim; ++e) largest = std::max(largest, std::abs(x[e]));
+    const float scale = largest / 127.0f;
+    scales[r] = scale;
+    for (int64_t e = 0; e < dim; ++e) {
+      out[e] = scale == 0
+                   ? int8_t{0}
+                   : static_cast<int8_t>(std::clamp(std::nearbyint(x[e] / scale), -127.0f, 127.0f));
+    }
+  }
+}
+
 }  // namespace
 
 void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_q,
@@ -412,14 +435,19 @@ PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {
         "KvCacheConfig: num_blocks (up to 2^31 - 1), block_size, kv_heads, head_dim and "
         "value_dim must be >= 1");
   }
-  if (!detail::is_attention_float(config_.dtype)) {
+  if (!detail::is_attention_float(config_.dtype) && config_.dtype != DType::kInt8) {
     throw Error(std::string("KvCacheConfig: dtype ") + dtype_name(config_.dtype) +
-                " is not supported (float32, float16 or bfloat16)");
+                " is not supported (float32, float16, bfloat16 or int8)");
   }
   keys_ = Tensor::zeros(config_.dtype, Shape({config_.num_blocks, config_.block_size,
                                               config_.kv_heads, config_.head_dim}));
   values_ = Tensor::zeros(config_.dtype, Shape({config_.num_blocks, config_.block_size,
                                                 config_.kv_heads, config_.value_dim}));
+  if (config_.dtype == DType::kInt8) {
+    const Shape scales({config_.num_blocks, config_.block_size, config_.kv_heads});
+    key_scales_ = Tensor::zeros(DType::kFloat32, scales);
+    value_scales_ = Tensor::zeros(DType::kFloat32, scales);
+  }
   for (int64_t b = config_.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
 
@@ -538,7 +566,8 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
     }
   }
   // The sequences are marked: their blocks are this thread's until the flags are cleared.
-  const auto write_rows = [&](const TensorView& source, const Tensor& storage, int64_t dim) {
+  const auto write_rows = [&](const TensorView& source, const Tensor& storage, int64_t dim,
+                              const Tensor& scales) {
     const auto element = static_cast<int64_t>(dtype_size(c.dtype));
     for (const Write& w : writes) {
       for (int64_t t = 0; t < w.count;) {
@@ -551,17 +580,22 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
             static_cast<char*>(source.data) +
             (w.source + t) * source.strides[0] * static_cast<int64_t>(dtype_size(source.dtype));
         from.shape = Shape({rows, c.kv_heads, dim});
-        const TensorView to(const_cast<char*>(storage.data_as<char>()) +
-                                ((b * c.block_size + row) * c.kv_heads * dim) * element,
-                            c.dtype, Shape({rows, c.kv_heads, dim}));
-        convert(from, to);
+        char* to_data = const_cast<char*>(storage.data_as<char>()) +
+                        ((b * c.block_size + row) * c.kv_heads * dim) * element;
+        if (c.dtype == DType::kInt8) {
+          float* scale =
+              const_cast<float*>(scales.data_as<float>()) + (b * c.block_size + row) * c.kv_heads;
+          quantize_rows(from, reinterpret_cast<int8_t*>(to_data), scale);
+        } else {
+          convert(from, TensorView(to_data, c.dtype, Shape({rows, c.kv_heads, dim})));
+        }
         t += rows;
       }
     }
   };
   try {
-    write_rows(key, keys_, c.head_dim);
-    write_rows(value, values_, c.value_dim);
+    write_rows(key, keys_, c.head_dim, key_scales_);
+    write_rows(value, values_, c.value_dim, value_scales_);
   } catch (...) {
     const std::lock_guard<std::mutex> lock(mutex_);
     for (const Write& w : writes) w.seq->writing = false;
@@ -627,8 +661,69 @@ void PagedKvCache::attend(const std::vector<int64_t>& ids, const TensorView& que
       for (const Sequence* seq : readers) --seq->readers;
     }
   } release{mutex_, readers};
+  if (config_.dtype == DType::kInt8) {
+    return attend_int8(readers, query, cu_seqlens_q, output, options, logsumexp);
+  }
   paged_attention_into(query, cu_seqlens_q, keys_.view(), values_.view(), tables.view(),
                        lengths.view(), output, options, logsumexp);
+}
+
+void PagedKvCache::attend_int8(const std::vector<const Sequence*>& sequences,
+                               const TensorView& query, const TensorView& cu_seqlens_q,
+                               const TensorView& output, const AttentionOptions& options,
+                               const TensorView* logsumexp) const {
+  // The sequences are marked as read: their blocks stay as they are until this returns.
+  const KvCacheConfig& c = config_;
+  std::vector<int64_t> starts, kept;
+  int64_t total = 0;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const Sequence& seq = *sequences[s];
+    int64_t first = 0;
+    while (first < static_cast<int64_t>(seq.blocks.size()) &&
+           seq.blocks[static_cast<size_t>(first)] < 0) {
+      ++first;
+    }
+    starts.push_back(std::min(seq.length, first * c.block_size));
+    kept.push_back(seq.length - starts.back());
+    total += kept.back();
+    if (starts.back() > 0 &&
+        (options.prefix > 0 ||
+         (options.causal && options.causal_alignment == CausalAlignment::kTopLeft))) {
+      throw Error("sequence " + std::to_string(s) +
+                  ": evicted blocks shift the positions that prefix and top-left causal "
+                  "alignment count from");
+    }
+  }
+  // Dequantized keys and values of every sequence, packed: x = scale·q.
+  const auto dequantize = [&](const Tensor& blocks, const Tensor& scales, int64_t dim) {
+    Tensor packed(DType::kFloat32, Shape({total, c.kv_heads, dim}));
+    float* out = packed.data_as<float>();
+    for (size_t s = 0; s < sequences.size(); ++s) {
+      const Sequence& seq = *sequences[s];
+      for (int64_t t = starts[s]; t < seq.length; ++t) {
+        const int64_t row =
+            seq.blocks[static_cast<size_t>(t / c.block_size)] * c.block_size + t % c.block_size;
+        const int8_t* q = blocks.data_as<int8_t>() + row * c.kv_heads * dim;
+        const float* scale = scales.data_as<float>() + row * c.kv_heads;
+        for (int64_t h = 0; h < c.kv_heads; ++h) {
+          for (int64_t e = 0; e < dim; ++e) *out++ = scale[h] * q[h * dim + e];
+        }
+      }
+    }
+    if (query.dtype == DType::kFloat32) return packed;
+    Tensor as_query(query.dtype, packed.shape());
+    convert(packed.view(), as_query.view());
+    return as_query;
+  };
+  const Tensor k = dequantize(keys_, key_scales_, c.head_dim);
+  const Tensor v = dequantize(values_, value_scales_, c.value_dim);
+  Tensor cu_k(DType::kInt32, Shape({static_cast<int64_t>(sequences.size()) + 1}));
+  cu_k.data_as<int32_t>()[0] = 0;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    cu_k.data_as<int32_t>()[s + 1] = cu_k.data_as<int32_t>()[s] + static_cast<int32_t>(kept[s]);
+  }
+  varlen_attention_into(query, k.view(), v.view(), cu_seqlens_q, cu_k.view(), output, options,
+                        logsumexp);
 }
 
 }  // namespace attend
