@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "attend/rope.hpp"
 #include "attend/runtime.hpp"
 #include "attend/varlen.hpp"
 #include "serving_support.hpp"
@@ -371,6 +372,45 @@ TEST(PagedKvCache, Int8CacheWithinItsErrorModel) {
                                    tables.view(), lens.view(), out.view());
             }).find("PagedKvCache::attend"),
             std::string::npos);
+}
+
+TEST(PagedKvCache, AppendRotatesKeysAtTheirPositions) {
+  KvCacheConfig config;
+  config.num_blocks = 10;
+  config.block_size = 4;
+  config.kv_heads = kKvHeads;
+  config.head_dim = kDim;
+  config.value_dim = kValueDim;
+  PagedKvCache fused(config), separate(config);
+  const int64_t a = fused.add_sequence(), b = fused.add_sequence();
+  (void)separate.add_sequence(), (void)separate.add_sequence();
+  RopeOptions rope;
+  rope.convention = RopeConvention::kInterleaved;
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<int64_t> news =
+        step == 0 ? std::vector<int64_t>{5, 2} : std::vector<int64_t>{1, 1};
+    const Tensor k = random_tensor(Shape({sum(news), kKvHeads, kDim}), 10 + step);
+    const Tensor v = random_tensor(Shape({sum(news), kKvHeads, kValueDim}), 20 + step);
+    const Tensor cu = offsets(news);
+    // The same rotation by hand: positions continue each sequence.
+    Tensor positions(DType::kInt32, Shape({sum(news)}));
+    int64_t token = 0;
+    for (size_t s = 0; s < news.size(); ++s) {
+      for (int64_t t = 0; t < news[s]; ++t) {
+        positions.data_as<int32_t>()[token++] =
+            static_cast<int32_t>(fused.length(s == 0 ? a : b) + t);
+      }
+    }
+    Tensor rotated = k.clone();
+    apply_rope_at(rotated.view(), positions.view(), rope);
+    const Tensor before = k.clone();
+    fused.append({a, b}, k.view(), v.view(), cu.view(), &rope);
+    separate.append({a, b}, rotated.view(), v.view(), cu.view());
+    EXPECT_TRUE(same_bits(k, before)) << "the caller's keys changed";
+  }
+  EXPECT_EQ(std::memcmp(fused.key_blocks().data, separate.key_blocks().data,
+                        static_cast<size_t>(fused.key_blocks().numel()) * sizeof(float)),
+            0);
 }
 
 TEST(PagedKvCache, FullCacheIsRefusedBeforeWriting) {

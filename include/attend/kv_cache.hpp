@@ -35,6 +35,7 @@
 #include <mutex>
 #include <vector>
 
+#include "attend/rope.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/tensor.hpp"
 
@@ -93,9 +94,11 @@ class PagedKvCache {
   // Writes the new tokens of sequences ids[s]: key (total_new, Hkv, E) and value
   // (total_new, Hkv, Ev) of any floating dtype, cu_seqlens int32 (B + 1) packing them.
   // Allocates blocks from the free list (lowest free index first); a cache without enough
-  // free blocks is refused before anything is written.
+  // free blocks is refused before anything is written. With `rope`, the keys are rotated
+  // (attend/rope.hpp) at their positions in their sequence (its length before the append,
+  // plus their index among its new tokens) as they are written; `key` itself is not changed.
   void append(const std::vector<int64_t>& ids, const TensorView& key, const TensorView& value,
-              const TensorView& cu_seqlens);
+              const TensorView& cu_seqlens, const RopeOptions* rope = nullptr);
 
   // Returns to the free list the blocks of `id` whose every token is older than the last
   // `window` tokens (j < length − window): what a sliding window of that size never sees

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "attend/rope.hpp"
 #include "attend/varlen.hpp"
 #include "grouped_query.hpp"
 #include "kernels/kernel_list.hpp"
@@ -504,7 +505,8 @@ std::vector<int32_t> PagedKvCache::block_table(int64_t id) const {
 }
 
 void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key,
-                          const TensorView& value, const TensorView& cu_seqlens) {
+                          const TensorView& value, const TensorView& cu_seqlens,
+                          const RopeOptions* rope) {
   const KvCacheConfig& c = config_;
   for (auto [name, t, dim] :
        {std::tuple{"key", &key, c.head_dim}, std::tuple{"value", &value, c.value_dim}}) {
@@ -529,6 +531,7 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
     int64_t first_token, count, source;
   };
   std::vector<Write> writes;
+  Tensor rotated;  // with rope: the keys as written
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     int64_t needed = 0;
@@ -557,6 +560,17 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
       throw Error("PagedKvCache::append: the cache is full: the new tokens need " +
                   std::to_string(needed) + " blocks, " + std::to_string(free_.size()) +
                   " are free");
+    }
+    if (rope) {  // rotated keys at their positions, before anything changes
+      Tensor positions(DType::kInt64, Shape({key.shape[0]}));
+      for (const Write& w : writes) {
+        for (int64_t t = 0; t < w.count; ++t) {
+          positions.data_as<int64_t>()[w.source + t] = w.first_token + t;
+        }
+      }
+      rotated = Tensor(DType::kFloat32, key.shape);
+      convert(key, rotated.view());
+      apply_rope_at(rotated.view(), positions.view(), *rope);
     }
     for (const Write& w : writes) {
       const int64_t blocks = (w.first_token + w.count + c.block_size - 1) / c.block_size;
@@ -594,7 +608,7 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
     }
   };
   try {
-    write_rows(key, keys_, c.head_dim, key_scales_);
+    write_rows(rope ? rotated.view() : key, keys_, c.head_dim, key_scales_);
     write_rows(value, values_, c.value_dim, value_scales_);
   } catch (...) {
     const std::lock_guard<std::mutex> lock(mutex_);
