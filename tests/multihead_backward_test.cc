@@ -14,6 +14,7 @@
 
 #include "attend/error.hpp"
 #include "attend/multihead.hpp"
+#include "attend/runtime.hpp"
 #include "attend/safetensors.hpp"
 #include "test_support.hpp"
 
@@ -329,6 +330,122 @@ TEST(FiniteDifferences, CrossAttentionUnpackedPaddingDropout) {
   p.options.dropout = 0.3;
   p.options.seed = 1234;
   check_all_directional_derivatives(p);
+}
+
+// Grouped-query attention (num_kv_heads): separate q/k/v projections with fewer K/V rows.
+void use_grouped_module(Problem& p, int64_t embed_dim, int64_t heads, int64_t kv_heads,
+                        int64_t kdim, int64_t vdim, uint32_t seed) {
+  MultiHeadOptions options;
+  options.kdim = kdim;
+  options.vdim = vdim;
+  options.num_kv_heads = kv_heads;
+  p.module = MultiHeadAttention(embed_dim, heads, options, seed);
+  std::mt19937 rng(seed);
+  for (auto& [name, view] : p.module.state_dict()) {
+    std::uniform_real_distribution<float> uniform(-0.5f, 0.5f);
+    for (int64_t i = 0; i < view.numel(); ++i) view.data_as<float>()[i] = uniform(rng);
+  }
+}
+
+TEST(FiniteDifferences, GroupedQuerySelfAttentionCausal) {
+  Problem p = make_problem(8, 4, 2, 4, 4, true, 0, 0, 0, 23);
+  use_grouped_module(p, 8, 4, 2, 0, 0, 23);
+  p.options.causal = true;
+  EXPECT_EQ(p.module.k_proj_weight().shape, Shape({4, 8}));  // Hkv·D = 2·2
+  check_all_directional_derivatives(p);
+}
+
+TEST(FiniteDifferences, MultiQueryCrossAttentionPadding) {
+  Problem p = make_problem(8, 2, 2, 3, 5, false, 6, 5, 2, 24);
+  use_grouped_module(p, 8, 2, 1, 6, 5, 24);
+  check_all_directional_derivatives(p);
+}
+
+// A module with Hkv K/V heads computes what a dense module computes whose K/V projection
+// rows for head h are those of K/V head h / G (and its gradients, summed over each group).
+TEST(GroupedQuery, EqualsTheDenseModuleWithRepeatedKeyValueRows) {
+  const int64_t E = 16, H = 4, Hkv = 2, D = E / H, G = H / Hkv;
+  Problem p = make_problem(E, H, 2, 5, 5, true, 0, 0, 0, 25);
+  use_grouped_module(p, E, H, Hkv, 0, 0, 25);
+  MultiHeadAttention dense(E, H, MultiHeadOptions{}, 1);
+  float* in = dense.in_proj_weight().data_as<float>();
+  float* in_bias = dense.in_proj_bias().data_as<float>();
+  const float* q = p.module.q_proj_weight().data_as<float>();
+  const float* bias = p.module.in_proj_bias().data_as<float>();
+  std::memcpy(in, q, sizeof(float) * E * E);
+  std::memcpy(in_bias, bias, sizeof(float) * E);
+  for (int part = 1; part <= 2; ++part) {
+    const float* w =
+        (part == 1 ? p.module.k_proj_weight() : p.module.v_proj_weight()).data_as<float>();
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t kv = h / G;
+      std::memcpy(in + (part * E + h * D) * E, w + kv * D * E, sizeof(float) * D * E);
+      std::memcpy(in_bias + part * E + h * D, bias + E + (part - 1) * Hkv * D + kv * D,
+                  sizeof(float) * D);
+    }
+  }
+  std::memcpy(dense.out_proj_weight().data, p.module.out_proj_weight().data, sizeof(float) * E * E);
+  std::memcpy(dense.out_proj_bias().data, p.module.out_proj_bias().data, sizeof(float) * E);
+
+  MultiHeadTape tape, dense_tape;
+  const MultiHeadResult got = p.module.forward(p.q(), p.q(), p.q(), p.options, &tape);
+  const MultiHeadResult want = dense.forward(p.q(), p.q(), p.q(), p.options, &dense_tape);
+  expect_close(got.output, want.output, 1e-5, "output");
+  if (bf16_compute_path().rfind("bfloat16", 0) == 0) {
+    // bfloat16 products: the grouped K/V heads' bfloat16 copies are read as the dense ones.
+    MultiHeadForwardOptions bf16 = p.options;
+    bf16.compute = ComputePrecision::kBFloat16;
+    bf16.float32_output = true;
+    const MultiHeadResult got16 = p.module.forward(p.q(), p.q(), p.q(), bf16);
+    const MultiHeadResult want16 = dense.forward(p.q(), p.q(), p.q(), bf16);
+    expect_close(got16.output, want16.output, 1e-5, "output, bfloat16 products");
+  }
+  const MultiHeadGradients g =
+      p.module.backward(p.grad_output.view(), p.q(), p.q(), p.q(), tape, p.options);
+  const MultiHeadGradients d =
+      dense.backward(p.grad_output.view(), p.q(), p.q(), p.q(), dense_tape, p.options);
+  expect_close(g.query, d.query, 1e-4, "d query");
+  const Tensor& dense_in = d.parameters.at("in_proj_weight");
+  for (int part = 1; part <= 2; ++part) {
+    const Tensor& grouped = g.parameters.at(part == 1 ? "k_proj_weight" : "v_proj_weight");
+    Tensor summed = Tensor::zeros(DType::kFloat32, grouped.shape());
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t n = 0; n < D * E; ++n) {
+        summed.data_as<float>()[(h / G) * D * E + n] +=
+            dense_in.data_as<float>()[(part * E + h * D) * E + n];
+      }
+    }
+    expect_close(grouped, summed, 1e-4, part == 1 ? "d k_proj_weight" : "d v_proj_weight");
+  }
+  // The bias gradient of the K/V rows: summed over each group likewise.
+  const Tensor& dense_bias = d.parameters.at("in_proj_bias");
+  const Tensor& grouped_bias = g.parameters.at("in_proj_bias");
+  ASSERT_EQ(grouped_bias.shape(), Shape({E + 2 * Hkv * D}));
+  for (int part = 1; part <= 2; ++part) {
+    for (int64_t kv = 0; kv < Hkv; ++kv) {
+      for (int64_t e = 0; e < D; ++e) {
+        double sum = 0;
+        for (int64_t r = 0; r < G; ++r) {
+          sum += dense_bias.data_as<float>()[part * E + (kv * G + r) * D + e];
+        }
+        EXPECT_NEAR(grouped_bias.data_as<float>()[E + (part - 1) * Hkv * D + kv * D + e], sum,
+                    1e-4);
+      }
+    }
+  }
+}
+
+TEST(GroupedQuery, RefusesHeadsThatDoNotDivide) {
+  MultiHeadOptions options;
+  options.num_kv_heads = 3;
+  try {
+    MultiHeadAttention(16, 4, options);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_kv_heads 3 must be positive and divide num_heads 4"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

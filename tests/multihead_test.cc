@@ -433,7 +433,7 @@ TEST(MultiHead, InitializationFollowsPyTorchBounds) {
 TEST(MultiHead, SaveLoadRoundTrip) {
   const std::string path =
       (std::filesystem::temp_directory_path() / "attend_multihead_roundtrip.safetensors").string();
-  for (const MultiHeadOptions& options : {MultiHeadOptions{}, MultiHeadOptions{false, 12, 10}}) {
+  for (const MultiHeadOptions& options : {MultiHeadOptions{}, MultiHeadOptions{false, 12, 10, 0}}) {
     const MultiHeadAttention saved(16, 4, options, 1);
     saved.save(path);
     MultiHeadAttention loaded(16, 4, options, 2);

@@ -24,6 +24,11 @@ struct MultiHeadOptions {
   bool bias = true;  // in_proj_bias and out_proj.bias
   int64_t kdim = 0;  // features of `key`; 0 means embed_dim
   int64_t vdim = 0;  // features of `value`; 0 means embed_dim
+  // Grouped-query attention: heads of K and V (dividing num_heads); 0 means num_heads. With
+  // fewer, q/k/v_proj_weight are separate, k_proj_weight (Hkv·D, kdim) and v_proj_weight
+  // (Hkv·D, vdim), in_proj_bias (E + 2·Hkv·D), and query head h attends with K/V head
+  // h / (num_heads / Hkv).
+  int64_t num_kv_heads = 0;
 };
 
 struct MultiHeadForwardOptions {
@@ -70,10 +75,10 @@ struct MultiHeadTape {
   // (N, L, H, D) = Q; or (N, L, 3, H, D) = [Q, K, V] when query, key and value were one view
   // and in_proj is packed (self-attention).
   Tensor query_projection;
-  // (N, S, H, D) = K; or (N, S, 2, H, D) = [K, V] when key and value were one view (packed
+  // (N, S, Hkv, D) = K; or (N, S, 2, H, D) = [K, V] when key and value were one view (packed
   // in_proj); empty when K is in query_projection.
   Tensor key_projection;
-  // (N, S, H, D) = V; empty when V is in query_projection or key_projection.
+  // (N, S, Hkv, D) = V; empty when V is in query_projection or key_projection.
   Tensor value_projection;
   Tensor heads;      // (N, L, H, D) = (N, L, E) attention output, heads concatenated
   Tensor logsumexp;  // (N, H, L) log Σ_j exp(score_ij) of each head's query row
@@ -123,21 +128,24 @@ class MultiHeadAttention {
   int64_t embed_dim() const { return embed_dim_; }
   int64_t num_heads() const { return num_heads_; }
   int64_t head_dim() const { return embed_dim_ / num_heads_; }
+  int64_t num_kv_heads() const { return kv_heads_; }
   int64_t kdim() const { return kdim_; }
   int64_t vdim() const { return vdim_; }
   bool has_bias() const { return bias_; }
-  // True when W_Q, W_K, W_V live in one (3E, E) in_proj_weight (kdim == vdim == embed_dim).
+  // True when W_Q, W_K, W_V live in one (3E, E) in_proj_weight (kdim == vdim == embed_dim,
+  // as many K/V heads as query heads).
   bool packed_in_projection() const { return packed_; }
 
   // Writable views of the parameters (float32, contiguous); write through them to set values.
   // in_proj_weight (3E, E) exists only when packed_in_projection(); q/k/v_proj_weight
-  // ((E, E), (E, kdim), (E, vdim)) always do (slices of in_proj_weight when packed).
+  // ((E, E), (F, kdim), (F, vdim), F = num_kv_heads·D) always do (slices of in_proj_weight
+  // when packed).
   // Bias accessors throw attend::Error when the module has no bias.
   TensorView in_proj_weight() const;
   TensorView q_proj_weight() const;
   TensorView k_proj_weight() const;
   TensorView v_proj_weight() const;
-  TensorView in_proj_bias() const;     // (3E)
+  TensorView in_proj_bias() const;     // (E + 2F): (3E) without grouped-query attention
   TensorView out_proj_weight() const;  // (E, E)
   TensorView out_proj_bias() const;    // (E)
 
@@ -155,7 +163,7 @@ class MultiHeadAttention {
   void save(const std::string& safetensors_path) const;
 
  private:
-  int64_t embed_dim_, num_heads_, kdim_, vdim_;
+  int64_t embed_dim_, num_heads_, kdim_, vdim_, kv_heads_;
   bool bias_, packed_;
   Tensor in_proj_weight_;                                 // (3E, E) when packed
   Tensor q_proj_weight_, k_proj_weight_, v_proj_weight_;  // when not packed

@@ -25,8 +25,9 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads,
       num_heads_(num_heads),
       kdim_(options.kdim == 0 ? embed_dim : options.kdim),
       vdim_(options.vdim == 0 ? embed_dim : options.vdim),
+      kv_heads_(options.num_kv_heads == 0 ? num_heads : options.num_kv_heads),
       bias_(options.bias),
-      packed_(kdim_ == embed_dim && vdim_ == embed_dim) {
+      packed_(kdim_ == embed_dim && vdim_ == embed_dim && kv_heads_ == num_heads) {
   if (embed_dim <= 0) throw Error("embed_dim must be positive, got " + std::to_string(embed_dim));
   if (num_heads <= 0) throw Error("num_heads must be positive, got " + std::to_string(num_heads));
   if (embed_dim % num_heads != 0) {
@@ -37,7 +38,11 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads,
     throw Error("kdim and vdim must be >= 0 (0 = embed_dim), got " + std::to_string(kdim_) +
                 " and " + std::to_string(vdim_));
   }
-  const int64_t E = embed_dim;
+  if (kv_heads_ <= 0 || num_heads % kv_heads_ != 0) {
+    throw Error("num_kv_heads " + std::to_string(kv_heads_) +
+                " must be positive and divide num_heads " + std::to_string(num_heads));
+  }
+  const int64_t E = embed_dim, F = kv_heads_ * (embed_dim / num_heads);
   // As nn.MultiheadAttention._reset_parameters: Xavier uniform on the input projection(s),
   // zero biases, out_proj.weight from nn.Linear's default U(-1/sqrt(E), 1/sqrt(E)).
   detail::ParameterRandom in_random(seed, 0), out_random(seed, 1);
@@ -46,8 +51,8 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads,
     detail::fill_xavier_uniform(in_proj_weight_, in_random);
   } else {
     q_proj_weight_ = Tensor(DType::kFloat32, Shape({E, E}));
-    k_proj_weight_ = Tensor(DType::kFloat32, Shape({E, kdim_}));
-    v_proj_weight_ = Tensor(DType::kFloat32, Shape({E, vdim_}));
+    k_proj_weight_ = Tensor(DType::kFloat32, Shape({F, kdim_}));
+    v_proj_weight_ = Tensor(DType::kFloat32, Shape({F, vdim_}));
     detail::fill_xavier_uniform(q_proj_weight_, in_random);
     detail::fill_xavier_uniform(k_proj_weight_, in_random);
     detail::fill_xavier_uniform(v_proj_weight_, in_random);
@@ -55,16 +60,18 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads,
   out_proj_weight_ = Tensor(DType::kFloat32, Shape({E, E}));
   detail::fill_uniform(out_proj_weight_, 1.0 / std::sqrt(static_cast<double>(E)), out_random);
   if (bias_) {
-    in_proj_bias_ = Tensor::zeros(DType::kFloat32, Shape({3 * E}));
+    in_proj_bias_ = Tensor::zeros(DType::kFloat32, Shape({E + 2 * F}));
     out_proj_bias_ = Tensor::zeros(DType::kFloat32, Shape({E}));
   }
 }
 
 TensorView MultiHeadAttention::in_proj_weight() const {
   if (!packed_) {
-    throw Error("in_proj_weight: this module has kdim " + std::to_string(kdim_) + " and vdim " +
-                std::to_string(vdim_) + " (embed_dim " + std::to_string(embed_dim_) +
-                "); use q_proj_weight, k_proj_weight and v_proj_weight");
+    throw Error("in_proj_weight: this module has kdim " + std::to_string(kdim_) + ", vdim " +
+                std::to_string(vdim_) + " and " + std::to_string(kv_heads_) +
+                " K/V heads (embed_dim " + std::to_string(embed_dim_) + ", " +
+                std::to_string(num_heads_) +
+                " heads); use q_proj_weight, k_proj_weight and v_proj_weight");
   }
   return in_proj_weight_.view();
 }
@@ -161,7 +168,7 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
       query, key, value, embed_dim_, num_heads_, kdim_, vdim_, options.num_threads);
   const bool batched = problem.batched;
   const int64_t N = problem.batch, L = problem.query_len, S = problem.key_len;
-  const int64_t E = embed_dim_, H = num_heads_, D = E / H;
+  const int64_t E = embed_dim_, H = num_heads_, D = E / H, Hkv = kv_heads_, F = Hkv * D;
   const int num_threads = problem.num_threads;
   if (options.need_weights) {
     // The per-head weights (N, H, L, S) float32 exist even when averaged: refuse them before
@@ -185,7 +192,9 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   Tensor query_projection, key_projection, value_projection;
   detail::Projected q, k, v;
   const float* in_bias = bias_ ? in_proj_bias_.data_as<float>() : nullptr;
-  auto bias_part = [&](int part) { return in_bias ? in_bias + part * E : nullptr; };
+  // Q, K, V biases at 0, E and E + F (F = E without grouped-query attention).
+  const int64_t bias_offset[3] = {0, E, E + F};
+  auto bias_part = [&](int part) { return in_bias ? in_bias + bias_offset[part] : nullptr; };
   const detail::RowMatrix query_rows = detail::as_row_matrix(query, query_storage, bf16);
   const detail::ProjectionGrouping grouping =
       detail::projection_grouping(query, key, value, packed_);
@@ -212,21 +221,23 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
       v = {key_projection.data_as<float>() + E, S * 2 * E, 2 * E};
     } else {
       const detail::RowMatrix value_rows = detail::as_row_matrix(value, value_storage, bf16);
-      key_projection = Tensor(DType::kFloat32, Shape({N, S, H, D}));
-      value_projection = Tensor(DType::kFloat32, Shape({N, S, H, D}));
-      detail::project(key_rows, N * S, k_proj_weight().data_as<float>(), E, kdim_, bias_part(1),
-                      key_projection.data_as<float>(), E, num_threads);
-      detail::project(value_rows, N * S, v_proj_weight().data_as<float>(), E, vdim_, bias_part(2),
-                      value_projection.data_as<float>(), E, num_threads);
-      k = {key_projection.data_as<float>(), S * E, E};
-      v = {value_projection.data_as<float>(), S * E, E};
+      key_projection = Tensor(DType::kFloat32, Shape({N, S, Hkv, D}));
+      value_projection = Tensor(DType::kFloat32, Shape({N, S, Hkv, D}));
+      detail::project(key_rows, N * S, k_proj_weight().data_as<float>(), F, kdim_, bias_part(1),
+                      key_projection.data_as<float>(), F, num_threads);
+      detail::project(value_rows, N * S, v_proj_weight().data_as<float>(), F, vdim_, bias_part(2),
+                      value_projection.data_as<float>(), F, num_threads);
+      k = {key_projection.data_as<float>(), S * F, F};
+      v = {value_projection.data_as<float>(), S * F, F};
     }
   }
 
   // With bfloat16 products, Q, K and V rounded to bfloat16 (the projections accumulate in
   // float32 first): views of the same layout into bfloat16 copies.
-  TensorView q_heads = q.heads_view(N, H, L, D), k_heads = k.heads_view(N, H, S, D),
-             v_heads = v.heads_view(N, H, S, D);
+  // K and V have Hkv heads (grouped-query attention when fewer than H; the packed layouts
+  // have Hkv = H).
+  TensorView q_heads = q.heads_view(N, H, L, D), k_heads = k.heads_view(N, Hkv, S, D),
+             v_heads = v.heads_view(N, Hkv, S, D);
   Tensor query_bf16, key_bf16, value_bf16;
   if (bf16) {
     const auto rounded = [](const Tensor& t, Tensor& copy) {
@@ -237,20 +248,20 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
     rounded(query_projection, query_bf16);
     rounded(key_projection, key_bf16);
     rounded(value_projection, value_bf16);
-    const auto in_copy = [&](const detail::Projected& part, int64_t length) {
+    const auto in_copy = [&](const detail::Projected& part, int64_t heads, int64_t length) {
       for (auto [source, copy] :
            {std::pair{&query_projection, &query_bf16}, std::pair{&key_projection, &key_bf16},
             std::pair{&value_projection, &value_bf16}}) {
         const float* base = source->empty() ? nullptr : source->data_as<float>();
         if (base != nullptr && part.data >= base && part.data < base + source->numel()) {
-          return part.heads_view_in(*copy, base, N, H, length, D);
+          return part.heads_view_in(*copy, base, N, heads, length, D);
         }
       }
       throw Error("multi-head attention: a projection outside its tensors");  // unreachable
     };
-    q_heads = in_copy(q, L);
-    k_heads = in_copy(k, S);
-    v_heads = in_copy(v, S);
+    q_heads = in_copy(q, H, L);
+    k_heads = in_copy(k, Hkv, S);
+    v_heads = in_copy(v, Hkv, S);
   }
 
   // 2. Attend: every head at once, reading (N, H, ·, D) views, writing (N, L, H, D) = (N, L, E)

@@ -141,7 +141,7 @@ MultiHeadGradients MultiHeadAttention::backward(const TensorView& grad_output,
   const detail::MultiHeadProblem problem = detail::validate_multihead_inputs(
       query, key, value, embed_dim_, num_heads_, kdim_, vdim_, options.num_threads);
   const int64_t N = problem.batch, L = problem.query_len, S = problem.key_len;
-  const int64_t E = embed_dim_, H = num_heads_, D = E / H;
+  const int64_t E = embed_dim_, H = num_heads_, D = E / H, Hkv = kv_heads_, F = Hkv * D;
   const int num_threads = problem.num_threads;
   check_grad_output(grad_output, problem.output_shape());
   const detail::ProjectionGrouping grouping =
@@ -169,11 +169,11 @@ MultiHeadGradients MultiHeadAttention::backward(const TensorView& grad_output,
     }
     case detail::ProjectionGrouping::kSeparate: {
       check_tape_tensor("query_projection", tape.query_projection, Shape({N, L, H, D}));
-      check_tape_tensor("key_projection", tape.key_projection, Shape({N, S, H, D}));
-      check_tape_tensor("value_projection", tape.value_projection, Shape({N, S, H, D}));
+      check_tape_tensor("key_projection", tape.key_projection, Shape({N, S, Hkv, D}));
+      check_tape_tensor("value_projection", tape.value_projection, Shape({N, S, Hkv, D}));
       q = {tape.query_projection.data_as<float>(), L * E, E};
-      k = {tape.key_projection.data_as<float>(), S * E, E};
-      v = {tape.value_projection.data_as<float>(), S * E, E};
+      k = {tape.key_projection.data_as<float>(), S * F, F};
+      v = {tape.value_projection.data_as<float>(), S * F, F};
       break;
     }
   }
@@ -206,41 +206,44 @@ MultiHeadGradients MultiHeadAttention::backward(const TensorView& grad_output,
   }
 
   // 2'. Attention: every head at once, from the tape's (N, H, ·, D) views, into separate
-  //     dQ (N, L, H, D), dK and dV (N, S, H, D) (views of one interleaved buffer would
-  //     overlap in memory).
+  //     dQ (N, L, H, D), dK and dV (N, S, Hkv, D) (views of one interleaved buffer would
+  //     overlap in memory; with grouped-query attention the SDPA backward sums each group).
   Tensor grad_q(DType::kFloat32, Shape({N, L, H, D}));
-  Tensor grad_k(DType::kFloat32, Shape({N, S, H, D}));
-  Tensor grad_v(DType::kFloat32, Shape({N, S, H, D}));
+  Tensor grad_k(DType::kFloat32, Shape({N, S, Hkv, D}));
+  Tensor grad_v(DType::kFloat32, Shape({N, S, Hkv, D}));
   {
     const detail::Projected heads{tape.heads.data_as<float>(), L * E, E};
     const detail::Projected grad_heads_rows{grad_heads.data_as<float>(), L * E, E};
     AttentionGradientViews views;
     views.query = detail::Projected{grad_q.data_as<float>(), L * E, E}.heads_view(N, H, L, D);
-    views.key = detail::Projected{grad_k.data_as<float>(), S * E, E}.heads_view(N, H, S, D);
-    views.value = detail::Projected{grad_v.data_as<float>(), S * E, E}.heads_view(N, H, S, D);
+    views.key = detail::Projected{grad_k.data_as<float>(), S * F, F}.heads_view(N, Hkv, S, D);
+    views.value = detail::Projected{grad_v.data_as<float>(), S * F, F}.heads_view(N, Hkv, S, D);
     const AttentionOptions attention = detail::attention_options(options, mask, num_threads);
     scaled_dot_product_attention_backward_into(
-        grad_heads_rows.heads_view(N, H, L, D), q.heads_view(N, H, L, D), k.heads_view(N, H, S, D),
-        v.heads_view(N, H, S, D), heads.heads_view(N, H, L, D), tape.logsumexp.view(), views,
-        attention);
+        grad_heads_rows.heads_view(N, H, L, D), q.heads_view(N, H, L, D),
+        k.heads_view(N, Hkv, S, D), v.heads_view(N, Hkv, S, D), heads.heads_view(N, H, L, D),
+        tape.logsumexp.view(), views, attention);
   }
 
   // 1'. Input projections, one role at a time: dX_r = dR·W_r, dW_r = dRᵀ·X_r, db_r = Σ dR.
   Tensor grad_in_proj_weight, grad_in_proj_bias;
   if (packed_) grad_in_proj_weight = Tensor(DType::kFloat32, Shape({3 * E, E}));
-  if (bias_) grad_in_proj_bias = Tensor(DType::kFloat32, Shape({3 * E}));
+  if (bias_) grad_in_proj_bias = Tensor(DType::kFloat32, Shape({E + 2 * F}));
   const TensorView* inputs[3] = {&query, &key, &value};
   const Tensor* grad_projections[3] = {&grad_q, &grad_k, &grad_v};
   const int64_t rows_of_role[3] = {query_rows, key_rows, key_rows};
   const int64_t features_of_role[3] = {E, kdim_, vdim_};
+  const int64_t outputs_of_role[3] = {E, F, F};  // projected features (F = E unless GQA)
+  const int64_t bias_offset[3] = {0, E, E + F};
   const char* weight_names[3] = {"q_proj_weight", "k_proj_weight", "v_proj_weight"};
   const TensorView weights_of_role[3] = {q_proj_weight(), k_proj_weight(), v_proj_weight()};
   RoleGradient roles[3];
   for (int role = 0; role < 3; ++role) {
     const TensorView& input = *inputs[role];
     const int64_t rows = rows_of_role[role], in_features = features_of_role[role];
-    const RowMatrix grad_projection{grad_projections[role]->data_as<float>(), E};
-    const Tensor grad_transposed = transposed(grad_projection, rows, E);  // (E, rows)
+    const int64_t out_features = outputs_of_role[role];
+    const RowMatrix grad_projection{grad_projections[role]->data_as<float>(), out_features};
+    const Tensor grad_transposed = transposed(grad_projection, rows, out_features);
     // Xᵀ once per distinct input (self-attention transposes the query once, not three times).
     // The first role with this view holds it; later ones read it there.
     RoleGradient& current = roles[role];
@@ -264,15 +267,17 @@ MultiHeadGradients MultiHeadAttention::backward(const TensorView& grad_output,
       grad_weight = grad_in_proj_weight.data_as<float>() + role * E * E;  // rows [rE, rE + E)
     } else {
       Tensor& slot = gradients.parameters[weight_names[role]];
-      slot = Tensor(DType::kFloat32, Shape({E, in_features}));
+      slot = Tensor(DType::kFloat32, Shape({out_features, in_features}));
       grad_weight = slot.data_as<float>();
     }
     weight_gradient(grad_transposed, input_transposed, grad_weight, num_threads);
-    if (bias_) bias_gradient(grad_transposed, grad_in_proj_bias.data_as<float>() + role * E);
+    if (bias_) {
+      bias_gradient(grad_transposed, grad_in_proj_bias.data_as<float>() + bias_offset[role]);
+    }
 
     current.gradient = Tensor::zeros(DType::kFloat32, input.shape);
-    input_gradient(grad_projection, rows, weights_of_role[role].data_as<float>(), E, in_features,
-                   current.gradient.data_as<float>(), num_threads);
+    input_gradient(grad_projection, rows, weights_of_role[role].data_as<float>(), out_features,
+                   in_features, current.gradient.data_as<float>(), num_threads);
   }
   if (packed_) gradients.parameters["in_proj_weight"] = std::move(grad_in_proj_weight);
   if (bias_) gradients.parameters["in_proj_bias"] = std::move(grad_in_proj_bias);
