@@ -435,6 +435,60 @@ TEST(GroupedQuery, EqualsTheDenseModuleWithRepeatedKeyValueRows) {
   }
 }
 
+TEST(GroupedQuery, LoadsTheNamesOfDecoderModels) {
+  // Llama's attention: q/k/v/o_proj.weight, K and V with 2 of 4 heads, no bias.
+  MultiHeadOptions options;
+  options.num_kv_heads = 2;
+  options.bias = false;
+  MultiHeadAttention module(16, 4, options);
+  std::map<std::string, Tensor> weights;
+  weights["q_proj.weight"] = test::random_tensor(Shape({16, 16}), 1);
+  weights["k_proj.weight"] = test::random_tensor(Shape({8, 16}), 2, 1.0, DType::kBFloat16);
+  weights["v_proj.weight"] = test::random_tensor(Shape({8, 16}), 3);
+  weights["o_proj.weight"] = test::random_tensor(Shape({16, 16}), 4);
+  module.load_state_dict(weights);
+  const auto same = [](const TensorView& got, const Tensor& want) {
+    Tensor as_float(DType::kFloat32, want.shape());
+    convert(want.view(), as_float.view());
+    return got.shape == want.shape() &&
+           std::memcmp(got.data, as_float.data(), as_float.nbytes()) == 0;
+  };
+  EXPECT_TRUE(same(module.q_proj_weight(), weights["q_proj.weight"]));
+  EXPECT_TRUE(same(module.k_proj_weight(), weights["k_proj.weight"]));
+  EXPECT_TRUE(same(module.v_proj_weight(), weights["v_proj.weight"]));
+  EXPECT_TRUE(same(module.out_proj_weight(), weights["o_proj.weight"]));
+  // A packed module with bias stacks them into in_proj_weight and in_proj_bias.
+  MultiHeadAttention packed(8, 2);
+  std::map<std::string, Tensor> dense;
+  for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+    dense[std::string(name) + ".weight"] = test::random_tensor(Shape({8, 8}), 5);
+    dense[std::string(name) + ".bias"] = test::random_tensor(Shape({8}), 6);
+  }
+  packed.load_state_dict(dense);
+  EXPECT_EQ(std::memcmp(packed.in_proj_weight().data_as<float>() + 64,
+                        dense["k_proj.weight"].data(), 64 * sizeof(float)),
+            0);
+  EXPECT_EQ(std::memcmp(packed.in_proj_bias().data_as<float>() + 16, dense["v_proj.bias"].data(),
+                        8 * sizeof(float)),
+            0);
+  // A wrong shape is named as usual; a missing part too.
+  weights["k_proj.weight"] = test::random_tensor(Shape({16, 16}), 2);
+  try {
+    module.load_state_dict(weights);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k_proj_weight"), std::string::npos) << e.what();
+  }
+  weights.erase("v_proj.weight");
+  try {
+    module.load_state_dict(weights);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing tensor 'v_proj.weight'"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(GroupedQuery, RefusesHeadsThatDoNotDivide) {
   MultiHeadOptions options;
   options.num_kv_heads = 3;

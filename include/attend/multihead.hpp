@@ -155,7 +155,10 @@ class MultiHeadAttention {
   // Copies every expected tensor from `tensors` (float32, float16, bfloat16 or float64,
   // converted to float32). Throws attend::Error naming a missing tensor, or one whose shape
   // differs (with the expected and actual shapes); the module is unchanged on error.
-  // Tensors with other names are ignored.
+  // Tensors with other names are ignored. The names of decoder models' attention layers
+  // (Llama, Mistral, Qwen: "q_proj.weight", "k_proj.weight", "v_proj.weight",
+  // "o_proj.weight", and "q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias" for a
+  // module with bias) are taken too when this module's own names are absent.
   void load_state_dict(const std::map<std::string, Tensor>& tensors);
   // Loads a safetensors file holding a state_dict (see load_state_dict).
   void load(const std::string& safetensors_path);

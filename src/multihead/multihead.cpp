@@ -119,7 +119,60 @@ std::map<std::string, TensorView> MultiHeadAttention::state_dict() const {
   return tensors;
 }
 
+namespace {
+
+// Rows of `parts` (each (rows_i, columns) or (rows_i)) one after another, converted to
+// float32; attend::Error naming a part missing or of another width.
+Tensor concatenated_rows(const std::map<std::string, Tensor>& tensors,
+                         std::initializer_list<const char*> names) {
+  int64_t rows = 0, columns = -1;
+  for (const char* name : names) {
+    const auto found = tensors.find(name);
+    if (found == tensors.end())
+      throw Error(std::string("state_dict: missing tensor '") + name + "'");
+    const Shape& shape = found->second.shape();
+    const int64_t width = shape.rank() == 2 ? shape[1] : 0;
+    if (shape.rank() < 1 || shape.rank() > 2 || (columns >= 0 && width != columns)) {
+      throw Error(std::string("state_dict: tensor '") + name + "' has shape " + shape.str() +
+                  ", which does not stack with the other projections");
+    }
+    columns = width;
+    rows += shape[0];
+  }
+  Tensor result(DType::kFloat32, columns > 0 ? Shape({rows, columns}) : Shape({rows}));
+  int64_t offset = 0;
+  for (const char* name : names) {
+    const Tensor& part = tensors.at(name);
+    const int64_t count = part.numel();
+    convert(part.view(),
+            TensorView(result.data_as<float>() + offset, DType::kFloat32, part.shape()));
+    offset += count;
+  }
+  return result;
+}
+
+}  // namespace
+
 void MultiHeadAttention::load_state_dict(const std::map<std::string, Tensor>& tensors) {
+  if (!tensors.count("out_proj.weight") && tensors.count("o_proj.weight")) {
+    // A decoder model's names: q/k/v/o_proj.{weight,bias}, translated.
+    std::map<std::string, Tensor> translated;
+    if (packed_) {
+      translated["in_proj_weight"] =
+          concatenated_rows(tensors, {"q_proj.weight", "k_proj.weight", "v_proj.weight"});
+    } else {
+      translated["q_proj_weight"] = concatenated_rows(tensors, {"q_proj.weight"});
+      translated["k_proj_weight"] = concatenated_rows(tensors, {"k_proj.weight"});
+      translated["v_proj_weight"] = concatenated_rows(tensors, {"v_proj.weight"});
+    }
+    translated["out_proj.weight"] = concatenated_rows(tensors, {"o_proj.weight"});
+    if (bias_) {
+      translated["in_proj_bias"] =
+          concatenated_rows(tensors, {"q_proj.bias", "k_proj.bias", "v_proj.bias"});
+      translated["out_proj.bias"] = concatenated_rows(tensors, {"o_proj.bias"});
+    }
+    return load_state_dict(translated);
+  }
   const auto expected = state_dict();
   // Check everything first, so that an error leaves the module unchanged.
   for (const auto& [name, destination] : expected) {
