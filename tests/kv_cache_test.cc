@@ -216,6 +216,49 @@ TEST(PagedAttention, ProductsInAnotherPrecisionGatherTheKeys) {
   EXPECT_TRUE(same_bits(paged(b, options), dense(b, options)));
 }
 
+TEST(PagedAttention, KeyMassSumsEachCachedKeysWeights) {
+  const PagedBatch b = make_batch({0, 1, 37, 20}, {0, 1, 5, 20}, 4, true, 31);
+  AttentionOptions options = rules();
+  const int64_t width = b.tables.shape()[1] * 4;
+  Tensor out(DType::kFloat32, Shape({26, kHeads, kValueDim}));
+  Tensor mass(DType::kFloat32, Shape({4, width}));
+  std::fill_n(mass.data_as<float>(), mass.numel(), -1.0f);  // every entry must be written
+  const TensorView mass_view = mass.view();
+  paged_attention_into(b.query.view(), b.cu_q.view(), b.key_blocks.view(), b.value_blocks.view(),
+                       b.tables.view(), b.seq_lens.view(), out.view(), options, nullptr,
+                       &mass_view);
+  expect_close(out, dense(b, options), "output beside key_mass");
+  int64_t q0 = 0, k0 = 0;
+  for (size_t s = 0; s < b.lens.size(); ++s) {
+    const int64_t lq = b.q_lens[s], lk = b.lens[s];
+    std::vector<double> want(static_cast<size_t>(width), 0.0);
+    if (lq > 0) {
+      // The dense call on the sequence's own keys, weights summed over heads and queries.
+      const auto rows = [](const Tensor& t, int64_t begin, int64_t length) {
+        const Shape& sh = t.shape();
+        return Tensor::copy_of(TensorView(
+            const_cast<float*>(t.data_as<float>()) + begin * sh[1] * sh[2], DType::kFloat32,
+            Shape({sh[1], length, sh[2]}), Shape({sh[2], sh[1] * sh[2], 1})));
+      };
+      const Tensor q = rows(b.query, q0, lq), k = rows(b.keys, k0, lk), v = rows(b.values, k0, lk);
+      AttentionOptions weights = options;
+      weights.need_weights = true;
+      weights.backend = Backend::kReference;
+      const AttentionResult r = scaled_dot_product_attention(q.view(), k.view(), v.view(), weights);
+      for (int64_t n = 0; n < r.weights.numel(); ++n) {
+        want[static_cast<size_t>(n % lk)] += r.weights.data_as<float>()[n];
+      }
+    }
+    for (int64_t t = 0; t < width; ++t) {
+      ASSERT_NEAR(mass.data_as<float>()[static_cast<int64_t>(s) * width + t],
+                  want[static_cast<size_t>(t)], 1e-5)
+          << "sequence " << s << " token " << t;
+    }
+    q0 += lq;
+    k0 += lk;
+  }
+}
+
 TEST(PagedAttention, RefusesBadBlockTablesBeforeReading) {
   PagedBatch b = make_batch({10, 6}, {2, 1}, 4, true, 5);
   Tensor out = Tensor::zeros(DType::kFloat32, Shape({3, kHeads, kValueDim}));

@@ -44,11 +44,17 @@ namespace attend {
 // query (total_q, H, E), cu_seqlens_q int32 (B + 1); key_blocks and value_blocks as above;
 // block_tables int32 (B, max_blocks_per_sequence); seq_lens int32 (B); output (total_q, H, Ev)
 // of query's dtype; logsumexp float32 (total_q, H) when given.
+// key_mass, when given: float32 (B, max_blocks_per_sequence · block_size), for eviction
+// policies (H2O, SnapKV): entry (s, t) is the attention weight that the call's queries of
+// sequence s, over all heads, give to its cached token t (Σ_h Σ_i w_hit); 0 past the length
+// and for evicted tokens. It costs a pass that materializes each sequence's weights
+// (H, Lq, Lk kept) as need_weights does.
 void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_q,
                           const TensorView& key_blocks, const TensorView& value_blocks,
                           const TensorView& block_tables, const TensorView& seq_lens,
                           const TensorView& output, const AttentionOptions& options = {},
-                          const TensorView* logsumexp = nullptr);
+                          const TensorView* logsumexp = nullptr,
+                          const TensorView* key_mass = nullptr);
 
 struct KvCacheConfig {
   int64_t num_blocks = 0;  // >= 1
@@ -111,7 +117,8 @@ class PagedKvCache {
   // packed copy and runs varlen_attention_into on it.
   void attend(const std::vector<int64_t>& ids, const TensorView& query,
               const TensorView& cu_seqlens_q, const TensorView& output,
-              const AttentionOptions& options = {}, const TensorView* logsumexp = nullptr) const;
+              const AttentionOptions& options = {}, const TensorView* logsumexp = nullptr,
+              const TensorView* key_mass = nullptr) const;
 
  private:
   struct Sequence {

@@ -270,13 +270,34 @@ void quantize_rows(const TensorView& rows, int8_t* out, float* scales) {
   }
 }
 
+// key_mass row `row` (stride `step`): at position start + j, Σ over heads and queries of
+// key j's weight, from the dense call's weights (H, Lq, Lk) summed in float64, in order.
+void write_key_mass(const TensorView& query, const TensorView& k, const TensorView& v,
+                    const AttentionOptions& options, int threads, float* row, int64_t step,
+                    int64_t start) {
+  AttentionOptions o = options;
+  o.need_weights = true;
+  o.need_logsumexp = false;
+  o.num_threads = threads;
+  const AttentionResult r = scaled_dot_product_attention(query, k, v, o);
+  const int64_t lk = k.shape[1], rows = r.weights.numel() / lk;
+  std::vector<double> sums(static_cast<size_t>(lk), 0.0);
+  const float* w = r.weights.data_as<float>();
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t j = 0; j < lk; ++j) sums[static_cast<size_t>(j)] += w[n * lk + j];
+  }
+  for (int64_t j = 0; j < lk; ++j) {
+    row[(start + j) * step] = static_cast<float>(sums[static_cast<size_t>(j)]);
+  }
+}
+
 }  // namespace
 
 void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_q,
                           const TensorView& key_blocks, const TensorView& value_blocks,
                           const TensorView& block_tables, const TensorView& seq_lens,
                           const TensorView& output, const AttentionOptions& options,
-                          const TensorView* logsumexp) {
+                          const TensorView* logsumexp, const TensorView* key_mass) {
   const int threads = detail::threads_of(options);
   detail::check_view("query", query);
   if (query.rank() != 3) {
@@ -393,12 +414,49 @@ void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_
     if (detail::overlaps(*logsumexp, output))
       throw Error("logsumexp overlaps the memory of output");
   }
+  if (key_mass) {
+    detail::check_view("key_mass", *key_mass);
+    const Shape expected({batch, block_tables.shape[1] * bs});
+    if (key_mass->shape != expected || key_mass->dtype != DType::kFloat32) {
+      throw Error(detail::describe("key_mass", *key_mass) + " " + dtype_name(key_mass->dtype) +
+                  " should be float32 " + expected.str() + " (B, max_blocks · block_size)");
+    }
+    for (int d = 0; d < 2; ++d) {
+      if (key_mass->strides[d] == 0 && key_mass->shape[d] > 1) {
+        throw Error("key_mass: zero stride in dimension " + std::to_string(d));
+      }
+    }
+    for (const TensorView* t :
+         {&query, &cu_seqlens_q, &key_blocks, &value_blocks, &block_tables, &seq_lens, &output}) {
+      if (detail::overlaps(*key_mass, *t)) {
+        throw Error("key_mass overlaps the memory of another argument");
+      }
+    }
+    if (logsumexp && detail::overlaps(*key_mass, *logsumexp)) {
+      throw Error("key_mass overlaps the memory of logsumexp");
+    }
+    for (int64_t s = 0; s < batch; ++s) {
+      for (int64_t t = 0; t < expected[1]; ++t) {
+        key_mass->data_as<float>()[s * key_mass->strides[0] + t * key_mass->strides[1]] = 0.0f;
+      }
+    }
+  }
 
   AttentionOptions per_sequence = options;
   per_sequence.need_logsumexp = false;
   detail::schedule_sequences(
       sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
         const RaggedSequence& seq = sequences[s];
+        if (key_mass) {  // the listing's weights of this sequence, summed per key
+          std::optional<Tensor> key_copy, value_copy;
+          write_key_mass(
+              detail::sequence_view(query, seq.q_begin, seq.q_len),
+              cached_view(key_blocks, cached[s], seq.k_len, query.dtype, key_copy),
+              cached_view(value_blocks, cached[s], seq.k_len, query.dtype, value_copy),
+              per_sequence, sequence_threads,
+              key_mass->data_as<float>() + static_cast<int64_t>(s) * key_mass->strides[0],
+              key_mass->strides[1], cached[s].start);
+        }
         const bool in_place = cached[s].consecutive && key_blocks.dtype == query.dtype &&
                               key_blocks.strides[0] == key_blocks.shape[1] * key_blocks.strides[1];
         if (!in_place && mergeable(query, key_blocks, value_blocks, options)) {
@@ -642,7 +700,8 @@ void PagedKvCache::evict_outside_window(int64_t id, int64_t window) {
 
 void PagedKvCache::attend(const std::vector<int64_t>& ids, const TensorView& query,
                           const TensorView& cu_seqlens_q, const TensorView& output,
-                          const AttentionOptions& options, const TensorView* logsumexp) const {
+                          const AttentionOptions& options, const TensorView* logsumexp,
+                          const TensorView* key_mass) const {
   const auto batch = static_cast<int64_t>(ids.size());
   std::vector<const Sequence*> readers;
   Tensor tables, lengths(DType::kInt32, Shape({batch}));
@@ -676,10 +735,11 @@ void PagedKvCache::attend(const std::vector<int64_t>& ids, const TensorView& que
     }
   } release{mutex_, readers};
   if (config_.dtype == DType::kInt8) {
+    if (key_mass) throw Error("PagedKvCache::attend: key_mass is not supported for int8 caches");
     return attend_int8(readers, query, cu_seqlens_q, output, options, logsumexp);
   }
   paged_attention_into(query, cu_seqlens_q, keys_.view(), values_.view(), tables.view(),
-                       lengths.view(), output, options, logsumexp);
+                       lengths.view(), output, options, logsumexp, key_mass);
 }
 
 void PagedKvCache::attend_int8(const std::vector<const Sequence*>& sequences,
