@@ -56,6 +56,9 @@ struct SdpaParams {
   const uint16_t* value_half = nullptr;
   bool bf16_products() const { return query_half != nullptr; }
   bool half_kv() const { return key_half != nullptr; }
+  // The backward's five products in bfloat16 (AVX512_BF16): the float32 operands rounded to
+  // bfloat16 as the kernel packs them, P̃ and dS rounded before their products.
+  bool bf16_backward = false;
 
   // output (..., Lq, Ev): written. weights (..., Lq, Lk): written when not null.
   float* output = nullptr;
