@@ -456,6 +456,74 @@ TEST(PagedKvCache, AppendRotatesKeysAtTheirPositions) {
             0);
 }
 
+// Two beams forked from one prompt share its blocks; each append copies a shared partly
+// filled block first; attention over each beam equals the dense call on its own tokens.
+TEST(PagedKvCache, ForkSharesBlocksAndCopiesOnWrite) {
+  KvCacheConfig config;
+  config.num_blocks = 12;
+  config.block_size = 4;
+  config.kv_heads = kKvHeads;
+  config.head_dim = kDim;
+  config.value_dim = kValueDim;
+  PagedKvCache cache(config);
+  const int64_t parent = cache.add_sequence();
+  const Tensor prompt_k = random_tensor(Shape({10, kKvHeads, kDim}), 1);
+  const Tensor prompt_v = random_tensor(Shape({10, kKvHeads, kValueDim}), 2);
+  const Tensor cu10 = offsets({10});
+  cache.append({parent}, prompt_k.view(), prompt_v.view(), cu10.view());
+  EXPECT_EQ(cache.free_blocks(), 12 - 3);
+  const int64_t child = cache.fork(parent);
+  EXPECT_EQ(cache.free_blocks(), 12 - 3);  // shared
+  EXPECT_EQ(cache.block_table(child), cache.block_table(parent));
+  EXPECT_EQ(cache.length(child), 10);
+  // Each beam appends its own token: the parent copies the shared third block, then the
+  // child is its only owner and writes into it.
+  std::vector<std::vector<float>> keys(2), values(2);
+  for (int beam = 0; beam < 2; ++beam) {
+    keys[beam].assign(prompt_k.data_as<float>(), prompt_k.data_as<float>() + prompt_k.numel());
+    values[beam].assign(prompt_v.data_as<float>(), prompt_v.data_as<float>() + prompt_v.numel());
+  }
+  AttentionOptions causal;
+  causal.causal = true;
+  for (int step = 0; step < 4; ++step) {
+    const Tensor k = random_tensor(Shape({2, kKvHeads, kDim}), 10 + step);
+    const Tensor v = random_tensor(Shape({2, kKvHeads, kValueDim}), 20 + step);
+    const Tensor cu = offsets({1, 1});
+    cache.append({parent, child}, k.view(), v.view(), cu.view());
+    for (int beam = 0; beam < 2; ++beam) {
+      keys[beam].insert(keys[beam].end(), k.data_as<float>() + beam * kKvHeads * kDim,
+                        k.data_as<float>() + (beam + 1) * kKvHeads * kDim);
+      values[beam].insert(values[beam].end(), v.data_as<float>() + beam * kKvHeads * kValueDim,
+                          v.data_as<float>() + (beam + 1) * kKvHeads * kValueDim);
+    }
+    // Both beams in one batch: their shared blocks are listed twice, which the cache allows.
+    const Tensor q = random_tensor(Shape({2, kHeads, kDim}), 30 + step);
+    Tensor out(DType::kFloat32, Shape({2, kHeads, kValueDim}));
+    cache.attend({parent, child}, q.view(), cu.view(), out.view(), causal);
+    std::vector<float> all_k = keys[0], all_v = values[0];
+    all_k.insert(all_k.end(), keys[1].begin(), keys[1].end());
+    all_v.insert(all_v.end(), values[1].begin(), values[1].end());
+    const int64_t length = 11 + step;
+    const Tensor cu_k = offsets({length, length});
+    const Tensor expected =
+        varlen_attention(q.view(), TensorView(all_k.data(), Shape({2 * length, kKvHeads, kDim})),
+                         TensorView(all_v.data(), Shape({2 * length, kKvHeads, kValueDim})),
+                         cu.view(), cu_k.view(), causal);
+    expect_close(out, expected, "step " + std::to_string(step));
+  }
+  // 10 shared tokens in 2 full blocks + the copied third; 14 tokens: 4 blocks per beam, the
+  // first 2 shared.
+  EXPECT_EQ(cache.free_blocks(), 12 - 2 - 2 * 2);
+  const std::vector<int32_t> a = cache.block_table(parent), b = cache.block_table(child);
+  EXPECT_EQ(a[0], b[0]);
+  EXPECT_EQ(a[1], b[1]);
+  EXPECT_NE(a[2], b[2]);
+  cache.remove_sequence(parent);  // the shared blocks stay for the child
+  EXPECT_EQ(cache.free_blocks(), 12 - 2 - 2);
+  cache.remove_sequence(child);
+  EXPECT_EQ(cache.free_blocks(), 12);
+}
+
 TEST(PagedKvCache, FullCacheIsRefusedBeforeWriting) {
   KvCacheConfig config;
   config.num_blocks = 3;

@@ -18,7 +18,8 @@
 //
 // Bad block tables (entries out of range, a block listed twice in the batch, too few entries
 // for a length, -1 after a listed block) are refused with attend::Error before anything is
-// read from the blocks or written to the output.
+// read from the blocks or written to the output. (PagedKvCache::attend lets forked sequences
+// share blocks: it knows they are read only.)
 //
 // How a sequence's keys are read, none of them copied on the common path:
 //  - kept blocks consecutive in storage: one strided view, the dense call itself (bitwise);
@@ -90,7 +91,11 @@ class PagedKvCache {
 
   // A new empty sequence; returns its id.
   int64_t add_sequence();
-  // Returns the sequence's blocks to the free list.
+  // A new sequence holding `id`'s tokens (beams, a shared prompt): the two share their blocks;
+  // the first append to a sequence whose last block is shared and partly filled copies that
+  // block first (copy on write). Returns the new id.
+  int64_t fork(int64_t id);
+  // Returns the sequence's blocks to the free list (those no other sequence shares).
   void remove_sequence(int64_t id);
   // Tokens appended so far (evicted ones included: positions stay absolute).
   int64_t length(int64_t id) const;
@@ -130,6 +135,11 @@ class PagedKvCache {
   Sequence& find(int64_t id);
   const Sequence& find(int64_t id) const;
   int32_t take_block();
+  void release_block(int32_t block);  // one sharer fewer; free at none
+  // Whether appending `count` tokens writes into a partly filled block another sequence
+  // shares, and the copy that gives `seq` its own.
+  bool shared_tail(const Sequence& seq, int64_t count) const;
+  void copy_tail_block(Sequence& seq);
   void attend_int8(const std::vector<const Sequence*>& sequences, const TensorView& query,
                    const TensorView& cu_seqlens_q, const TensorView& output,
                    const AttentionOptions& options, const TensorView* logsumexp) const;
@@ -138,7 +148,8 @@ class PagedKvCache {
   Tensor keys_, values_;
   Tensor key_scales_, value_scales_;  // int8 only
   mutable std::mutex mutex_;
-  std::vector<int32_t> free_;  // kept sorted descending: the lowest index is at the back
+  std::vector<int32_t> free_;     // kept sorted descending: the lowest index is at the back
+  std::vector<int32_t> sharers_;  // per block: sequences listing it (0: free)
   std::map<int64_t, Sequence> sequences_;
   int64_t next_id_ = 0;
 };

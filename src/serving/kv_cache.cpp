@@ -291,13 +291,13 @@ void write_key_mass(const TensorView& query, const TensorView& k, const TensorVi
   }
 }
 
-}  // namespace
-
-void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_q,
-                          const TensorView& key_blocks, const TensorView& value_blocks,
-                          const TensorView& block_tables, const TensorView& seq_lens,
-                          const TensorView& output, const AttentionOptions& options,
-                          const TensorView* logsumexp, const TensorView* key_mass) {
+// paged_attention_into; `shared_blocks`: a block may appear in several sequences' tables
+// (forked sequences of one PagedKvCache, read only here).
+void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
+                     const TensorView& key_blocks, const TensorView& value_blocks,
+                     const TensorView& block_tables, const TensorView& seq_lens,
+                     const TensorView& output, const AttentionOptions& options,
+                     const TensorView* logsumexp, const TensorView* key_mass, bool shared_blocks) {
   const int threads = detail::threads_of(options);
   detail::check_view("query", query);
   if (query.rank() != 3) {
@@ -365,7 +365,7 @@ void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_
                     std::to_string(b) + ", outside [0, " + std::to_string(num_blocks) + ")" +
                     (b == -1 ? " (only leading entries may be evicted)" : ""));
       }
-      if (used[static_cast<size_t>(b)]) {
+      if (used[static_cast<size_t>(b)] && !shared_blocks) {
         throw Error(which + ": block " + std::to_string(b) +
                     " is listed twice in the batch's block tables");
       }
@@ -483,6 +483,17 @@ void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_
       });
 }
 
+}  // namespace
+
+void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_q,
+                          const TensorView& key_blocks, const TensorView& value_blocks,
+                          const TensorView& block_tables, const TensorView& seq_lens,
+                          const TensorView& output, const AttentionOptions& options,
+                          const TensorView* logsumexp, const TensorView* key_mass) {
+  paged_attention(query, cu_seqlens_q, key_blocks, value_blocks, block_tables, seq_lens, output,
+                  options, logsumexp, key_mass, false);
+}
+
 // ---------------------------------------------------------------------------------------
 // PagedKvCache
 
@@ -508,6 +519,7 @@ PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {
     value_scales_ = Tensor::zeros(DType::kFloat32, scales);
   }
   for (int64_t b = config_.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+  sharers_.assign(static_cast<size_t>(config_.num_blocks), 0);
 }
 
 int64_t PagedKvCache::free_blocks() const {
@@ -530,7 +542,29 @@ const PagedKvCache::Sequence& PagedKvCache::find(int64_t id) const {
 int32_t PagedKvCache::take_block() {
   const int32_t b = free_.back();
   free_.pop_back();
+  sharers_[static_cast<size_t>(b)] = 1;
   return b;
+}
+
+void PagedKvCache::release_block(int32_t block) {
+  if (--sharers_[static_cast<size_t>(block)] == 0) free_.push_back(block);
+}
+
+int64_t PagedKvCache::fork(int64_t id) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const Sequence& source = find(id);
+  if (source.writing) {
+    throw Error("PagedKvCache::fork: sequence " + std::to_string(id) +
+                " is being appended to by another thread");
+  }
+  Sequence copy;
+  copy.length = source.length;
+  copy.blocks = source.blocks;
+  for (int32_t b : copy.blocks) {
+    if (b >= 0) ++sharers_[static_cast<size_t>(b)];
+  }
+  sequences_.emplace(next_id_, std::move(copy));
+  return next_id_++;
 }
 
 int64_t PagedKvCache::add_sequence() {
@@ -546,7 +580,7 @@ void PagedKvCache::remove_sequence(int64_t id) {
     throw Error("PagedKvCache: sequence " + std::to_string(id) + " is in use by another thread");
   }
   for (int32_t b : seq.blocks) {
-    if (b >= 0) free_.push_back(b);
+    if (b >= 0) release_block(b);
   }
   std::sort(free_.begin(), free_.end(), std::greater<>());
   sequences_.erase(id);
@@ -560,6 +594,33 @@ int64_t PagedKvCache::length(int64_t id) const {
 std::vector<int32_t> PagedKvCache::block_table(int64_t id) const {
   const std::lock_guard<std::mutex> lock(mutex_);
   return find(id).blocks;
+}
+
+bool PagedKvCache::shared_tail(const Sequence& seq, int64_t count) const {
+  if (count == 0 || seq.length % config_.block_size == 0 || seq.blocks.empty()) return false;
+  const int32_t tail = seq.blocks.back();
+  return tail >= 0 && sharers_[static_cast<size_t>(tail)] > 1;
+}
+
+void PagedKvCache::copy_tail_block(Sequence& seq) {
+  // Copy on write: the filled rows of the shared last block into a block of its own.
+  const KvCacheConfig& c = config_;
+  const int32_t from = seq.blocks.back(), to = take_block();
+  const int64_t rows = seq.length % c.block_size;
+  for (auto [storage, dim] : {std::pair{&keys_, c.head_dim}, std::pair{&values_, c.value_dim}}) {
+    const size_t row_bytes = static_cast<size_t>(c.kv_heads * dim) * dtype_size(c.dtype);
+    std::memcpy(storage->data_as<char>() + to * c.block_size * row_bytes,
+                storage->data_as<char>() + from * c.block_size * row_bytes,
+                static_cast<size_t>(rows) * row_bytes);
+  }
+  for (Tensor* scales : {&key_scales_, &value_scales_}) {
+    if (scales->empty()) continue;
+    float* base = scales->data_as<float>();
+    std::memcpy(base + to * c.block_size * c.kv_heads, base + from * c.block_size * c.kv_heads,
+                static_cast<size_t>(rows * c.kv_heads) * sizeof(float));
+  }
+  release_block(from);
+  seq.blocks.back() = to;
 }
 
 void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key,
@@ -612,6 +673,7 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
       }
       const int64_t blocks = (seq.length + count + c.block_size - 1) / c.block_size;
       needed += std::max<int64_t>(blocks - static_cast<int64_t>(seq.blocks.size()), 0);
+      needed += shared_tail(seq, count) ? 1 : 0;  // copied before writing into it
       writes.push_back({&seq, seq.length, count, offsets[s]});
     }
     if (needed > static_cast<int64_t>(free_.size())) {
@@ -631,6 +693,7 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
       apply_rope_at(rotated.view(), positions.view(), *rope);
     }
     for (const Write& w : writes) {
+      if (shared_tail(*w.seq, w.count)) copy_tail_block(*w.seq);
       const int64_t blocks = (w.first_token + w.count + c.block_size - 1) / c.block_size;
       while (static_cast<int64_t>(w.seq->blocks.size()) < blocks)
         w.seq->blocks.push_back(take_block());
@@ -691,7 +754,7 @@ void PagedKvCache::evict_outside_window(int64_t id, int64_t window) {
   for (size_t n = 0; n < seq.blocks.size(); ++n) {
     if (static_cast<int64_t>(n + 1) * config_.block_size > keep_from) break;
     if (seq.blocks[n] >= 0) {
-      free_.push_back(seq.blocks[n]);
+      release_block(seq.blocks[n]);
       seq.blocks[n] = -1;
     }
   }
@@ -738,8 +801,8 @@ void PagedKvCache::attend(const std::vector<int64_t>& ids, const TensorView& que
     if (key_mass) throw Error("PagedKvCache::attend: key_mass is not supported for int8 caches");
     return attend_int8(readers, query, cu_seqlens_q, output, options, logsumexp);
   }
-  paged_attention_into(query, cu_seqlens_q, keys_.view(), values_.view(), tables.view(),
-                       lengths.view(), output, options, logsumexp, key_mass);
+  paged_attention(query, cu_seqlens_q, keys_.view(), values_.view(), tables.view(), lengths.view(),
+                  output, options, logsumexp, key_mass, true);
 }
 
 void PagedKvCache::attend_int8(const std::vector<const Sequence*>& sequences,
