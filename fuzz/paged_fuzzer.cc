@@ -104,6 +104,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int64_t s = 0; s < batch; ++s) ids.push_back(cache.add_sequence());
     cache.append(ids, keys.view(), keys.view(), cu_k.view());
     cache.attend(ids, query.view(), cu_q.view(), output.view(), options);
+    // A fork of the first sequence takes all the keys again (copy on write of a shared block).
+    ids = {cache.fork(ids[0])};
+    attend::Tensor all(attend::DType::kInt32, attend::Shape({2}));
+    all.data_as<int32_t>()[0] = 0;
+    all.data_as<int32_t>()[1] = static_cast<int32_t>(total_k);
+    cache.append(ids, keys.view(), keys.view(), all.view());
+    cache.evict_outside_window(ids[0], 3);
   } catch (const attend::Error& e) {
     check_message(e);
   }
