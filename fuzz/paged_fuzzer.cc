@@ -1,8 +1,8 @@
 // paged_fuzzer: block tables, sequence lengths and cu_seqlens from arbitrary bytes, against
 // storage allocated to the exact size (ASan sees any read past a block, a table or an offset
-// array). paged_attention_into, varlen_attention_into and PagedKvCache::append must either run
-// or end in an attend::Error with a printable message; anything else (a crash, a sanitizer
-// report, another exception, a hang) is a finding.
+// array). paged_attention_into, varlen_attention_into and PagedKvCache (append, attend, fork,
+// eviction) must either run or end in an attend::Error with a printable message; anything
+// else (a crash, a sanitizer report, another exception, a hang) is a finding.
 //
 // Input: byte 0 batch B (1 + b % 4), byte 1 block size (1 + b % 8), byte 2 blocks (1 + b % 16),
 // byte 3 flags (bit 0 causal, bit 1 window, bit 2 kv_heads 1 instead of 2, bit 3 prefix 1),
