@@ -2,10 +2,10 @@
 //
 // Storage: fixed-size blocks, key_blocks (num_blocks, block_size, Hkv, E) and value_blocks
 // (num_blocks, block_size, Hkv, Ev), float32, float16 or bfloat16 (and, in PagedKvCache,
-// int8 with a scale per token and head). A sequence's tokens live in
-// the blocks its block table lists: token t at block_table[t / block_size], row
-// t % block_size. Leading entries may be -1: blocks evicted by a sliding window (the
-// sequence's first kept token is then the first of its first listed block).
+// int8 with a scale per token and head). A sequence's tokens live in the blocks its block
+// table lists: token t at block_table[t / block_size], row t % block_size. Leading entries
+// may be -1: blocks evicted by a sliding window (the sequence's first kept token is then the
+// first of its first listed block).
 //
 // paged_attention_into runs a batch that mixes prefill chunks and single-token decodes: the
 // queries are packed as in attend/varlen.hpp (query (total_q, H, E), cu_seqlens_q); sequence
