@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "dropout.hpp"
+#include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -88,7 +89,10 @@ void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query)
   const float kept = static_cast<float>(uniform / (1.0 - static_cast<double>(p.dropout)));
   for (int64_t j = 0; j < p.key_len; ++j) {
     float weight = uniform;
-    if (p.dropout > 0) weight = dropout_keep(p.seed, threshold, tile.batch, query, j) ? kept : 0.0f;
+    if (p.dropout > 0)
+      weight = dropout_keep(p.seed, threshold, tile.batch, global_query(p, query), global_key(p, j))
+                   ? kept
+                   : 0.0f;
     if (w) w[j] = weight;
     const float* v = tile.value + j * tile.value_stride;
     for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * v[c];
