@@ -449,6 +449,69 @@ void expect_collective_error(const std::function<void()>& call, const std::strin
       << "rank " << world_rank() << ": '" << message << "' lacks '" << part << "'";
 }
 
+// Head parallelism: the same results as one process (H = 3 heads: 1 to 3 ranks; 4 ranks are
+// refused on every rank).
+TEST(Ulysses, ForwardAndBackwardEqualTheWholeProblem) {
+  Features f;
+  f.sinks = true;
+  f.configure = [](AttentionOptions& o) {
+    o.causal = true;
+    o.window = SlidingWindow{20, 0};
+    o.alibi = true;
+    o.softcap = 4.0;
+  };
+  const Whole w = make_whole(48, 48, f);
+  const ReferenceProblem exact = exact_problem(w);
+  const ReferenceResult expected = independent_attention(exact);
+  const Tolerances tolerances = sdpa_tolerances(exact, {Accumulation::kFloat32, 0.0, false});
+  const GradientCheck gradients =
+      independent_gradients(exact, values_of(w.grad_output.view()), false);
+  for (Split split : {Split::kUnequal, Split::kZigzag}) {
+    SCOPED_TRACE(split_name(split));
+    const Shard s = make_shard(w, split);
+    const mpi::ContextParallelOptions parallel = parallel_for(split);
+    const auto forward = [&] {
+      return mpi::ulysses_attention(MPI_COMM_WORLD, s.query.view(), s.key.view(), s.value.view(),
+                                    s.options, parallel);
+    };
+    if (world_size() > kHeads) {
+      expect_collective_error([&] { (void)forward(); }, "at least as many heads as ranks");
+      continue;
+    }
+    const mpi::ShardResult r = forward();
+    expect_rows("output", r.output, expected.output, s.queries, 48, kValueDim,
+                [&](int64_t n) { return tolerances.output[static_cast<size_t>(n / kValueDim)]; });
+    // The same log-sum-exp as the ring's (both are the whole problem's).
+    const mpi::ShardResult ring = mpi::ring_attention(MPI_COMM_WORLD, s.query.view(), s.key.view(),
+                                                      s.value.view(), s.options, parallel);
+    for (int64_t n = 0; n < r.logsumexp.numel(); ++n) {
+      ASSERT_NEAR(r.logsumexp.data_as<float>()[n], ring.logsumexp.data_as<float>()[n], 1e-4) << n;
+    }
+    const AttentionGradients g = mpi::ulysses_attention_backward(
+        MPI_COMM_WORLD, s.grad_output.view(), s.query.view(), s.key.view(), s.value.view(),
+        r.output.view(), r.logsumexp.view(), s.options, parallel);
+    const auto tolerance_of = [](const std::vector<double>& t) {
+      return [&t](int64_t n) { return t[static_cast<size_t>(n)]; };
+    };
+    expect_rows("dQ", g.query, gradients.exact.query, s.queries, 48, kHeadDim,
+                tolerance_of(gradients.tolerance.query));
+    expect_rows("dK", g.key, gradients.exact.key, s.keys, 48, kHeadDim,
+                tolerance_of(gradients.tolerance.key));
+    expect_rows("dV", g.value, gradients.exact.value, s.keys, 48, kValueDim,
+                tolerance_of(gradients.tolerance.value));
+  }
+  // What it refuses, on every rank.
+  AttentionOptions o = w.options;
+  o.dropout = 0.1;
+  const Shard s = make_shard(w, Split::kEven);
+  expect_collective_error(
+      [&] {
+        (void)mpi::ulysses_attention(MPI_COMM_WORLD, s.query.view(), s.key.view(), s.value.view(),
+                                     o);
+      },
+      world_size() > kHeads ? "heads" : "dropout");
+}
+
 TEST(Ring, DisagreementIsAnErrorOnEveryRank) {
   const Whole w = make_whole(48, 48, {});
   const Shard s = make_shard(w, Split::kEven);

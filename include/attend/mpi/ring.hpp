@@ -108,4 +108,27 @@ AttentionGradients ring_attention_backward(MPI_Comm comm, const TensorView& grad
                                            const AttentionOptions& options = {},
                                            const ContextParallelOptions& parallel = {});
 
+// ---- Head parallelism (DeepSpeed-Ulysses, Jacobs et al. 2023) ---------------------------
+//
+// The same shards as the ring (query (..., H, Lq_r, E) etc., any layout), but one all-to-all
+// turns them into head shards (rank r gets heads [H·r/N, H·(r+1)/N) of the whole sequence,
+// the remainder spread over the first ranks), the ordinary fused kernel runs once, and one
+// all-to-all brings the output back to sequence shards. Moves 4 tensors of the shard's size
+// (Q, K, V in, O out) per call against the ring's N − 1 K/V shards, and runs one call of the
+// whole sequence (no per-block overhead); it needs H >= N heads (the last batch dimension).
+// Supports causal (and its alignment), window, ALiBi, softcap, sinks, prefix and scale;
+// refuses mask, bias, segment ids, user rules and dropout (their per-rank slices or indices
+// would need the ring's block positions). ulysses_attention_backward: the same all-to-alls
+// around the library's backward; the sinks gradient is this rank's part (its heads).
+ShardResult ulysses_attention(MPI_Comm comm, const TensorView& query, const TensorView& key,
+                              const TensorView& value, const AttentionOptions& options = {},
+                              const ContextParallelOptions& parallel = {});
+
+AttentionGradients ulysses_attention_backward(MPI_Comm comm, const TensorView& grad_output,
+                                              const TensorView& query, const TensorView& key,
+                                              const TensorView& value, const TensorView& output,
+                                              const TensorView& logsumexp,
+                                              const AttentionOptions& options = {},
+                                              const ContextParallelOptions& parallel = {});
+
 }  // namespace attend::mpi
