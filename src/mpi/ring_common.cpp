@@ -304,8 +304,10 @@ RingPlan agree_on_plan(const Communicator& comm, const char* who, const TensorVi
                   ": the zigzag layout needs every rank to hold two equal "
                   "chunks of queries and of keys (even lengths, the same on every rank); rank " +
                   std::to_string(r) + " holds " + std::to_string(lq) + " queries and " +
-                  std::to_string(lk) + " keys, rank 0 " + std::to_string(first.field[kQueryLen]) +
-                  " and " + std::to_string(first.field[kKeyLen]));
+                  std::to_string(lk) + " keys" +
+                  (r == 0 ? std::string()
+                          : ", rank 0 " + std::to_string(first.field[kQueryLen]) + " and " +
+                                std::to_string(first.field[kKeyLen])));
     }
     if (lk < 1) {
       throw Error(std::string(who) + ": rank " + std::to_string(r) + " holds no key");

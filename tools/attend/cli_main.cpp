@@ -20,6 +20,9 @@
 #include "mha_command.hpp"
 #include "quote.hpp"
 #include "sdpa_command.hpp"
+#ifdef ATTEND_HAVE_MPI
+#include "ring_command.hpp"
+#endif
 #include "train_demo_command.hpp"
 
 using attend::cli::Command;
@@ -66,6 +69,9 @@ int attend_cli_main(int argc, char** argv) {
         attend::cli::add_demo_command(app),
         attend::cli::add_mha_command(app),
         attend::cli::add_train_demo_command(app),
+#ifdef ATTEND_HAVE_MPI
+        attend::cli::add_ring_command(app),
+#endif
     };
     // clang-format on
     try {
