@@ -226,8 +226,9 @@ AttentionGradients ring_attention_backward(MPI_Comm comm_in, const TensorView& g
   k_shape.push_back(E);
   v_shape.push_back(lk);
   v_shape.push_back(Ev);
-  convert(TensorView(incoming.data_as<float>(), k_shape), g.key.view());
-  convert(TensorView(incoming.data_as<float>() + batch * lk * E, v_shape), g.value.view());
+  detail::copy_view(TensorView(incoming.data_as<float>(), k_shape), g.key.view());
+  detail::copy_view(TensorView(incoming.data_as<float>() + batch * lk * E, v_shape),
+                    g.value.view());
 
   if (options.bias) {
     g.bias = Tensor(options.bias->dtype, options.bias->shape);

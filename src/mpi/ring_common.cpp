@@ -347,6 +347,35 @@ RingPlan agree_on_plan(const Communicator& comm, const char* who, const TensorVi
   return plan;
 }
 
+void copy_view(const TensorView& from, const TensorView& to) {
+  const int rank = from.rank();
+  if (from.dtype != to.dtype || from.shape != to.shape || rank < 1 || from.strides[rank - 1] != 1 ||
+      to.strides[rank - 1] != 1) {
+    convert(from, to);
+    return;
+  }
+  const int64_t width = from.shape[rank - 1];
+  const auto bytes = static_cast<size_t>(width) * dtype_size(from.dtype);
+  const int64_t rows = width == 0 ? 0 : from.numel() / width;
+  int64_t index[Shape::kMaxRank] = {};
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t from_offset = 0, to_offset = 0;
+    for (int d = 0; d + 1 < rank; ++d) {
+      from_offset += index[d] * from.strides[d];
+      to_offset += index[d] * to.strides[d];
+    }
+    std::memcpy(
+        static_cast<char*>(to.data) + to_offset * static_cast<int64_t>(dtype_size(to.dtype)),
+        static_cast<const char*>(from.data) +
+            from_offset * static_cast<int64_t>(dtype_size(from.dtype)),
+        bytes);
+    for (int d = rank - 2; d >= 0; --d) {
+      if (++index[d] < from.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
 TensorView narrow(TensorView view, int dim, int64_t start, int64_t length) {
   view.data = static_cast<char*>(view.data) +
               start * view.strides[dim] * static_cast<int64_t>(dtype_size(view.dtype));
@@ -424,9 +453,9 @@ KeyBlocks::KeyBlocks(const RingPlan& plan, const TensorView& key, const TensorVi
   v_shape.push_back(lk);
   v_shape.push_back(plan.value_dim);
   float* at = buffers_[0].data_as<float>();
-  convert(key, TensorView(at, DType::kFloat32, k_shape));
+  copy_view(key, TensorView(at, DType::kFloat32, k_shape));
   at += plan.batch * lk * plan.head_dim;
-  convert(value, TensorView(at, DType::kFloat32, v_shape));
+  copy_view(value, TensorView(at, DType::kFloat32, v_shape));
   at += plan.batch * lk * plan.value_dim;
   if (documents_) convert(*segment_ids_key, TensorView(at, DType::kInt32, segment_ids_key->shape));
 }

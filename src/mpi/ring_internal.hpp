@@ -75,6 +75,10 @@ RingPlan agree_on_plan(const Communicator& comm, const char* who, const TensorVi
 // FullyMaskedRows::kUniform over every key (a second pass; without sinks, which empty it).
 bool may_leave_rows_empty(const AttentionOptions& options);
 
+// `from` (same dtype, any strides) into `to` of its shape (any strides): whole rows when both
+// last dimensions are contiguous (attend::convert goes element by element).
+void copy_view(const TensorView& from, const TensorView& to);
+
 // `length` entries of dimension `dim` from `start` (a view of the same storage).
 TensorView narrow(TensorView view, int dim, int64_t start, int64_t length);
 

@@ -105,8 +105,8 @@ struct Exchange {
     for (int t = 0; t < n; ++t) {
       const ShardPiece h = heads.of_rank[static_cast<size_t>(t)];
       const Shape shape = with_heads(plan, h.length, mine, width);
-      convert(detail::narrow(x, x.rank() - 3, h.offset, h.length),
-              TensorView(send.data_as<float>() + at, DType::kFloat32, shape));
+      detail::copy_view(detail::narrow(x, x.rank() - 3, h.offset, h.length),
+                        TensorView(send.data_as<float>() + at, DType::kFloat32, shape));
       send_counts.push_back(shape.numel());
       at += shape.numel();
       receive_counts.push_back(outer * my_heads.length * length_of(pieces[static_cast<size_t>(t)]) *
@@ -165,8 +165,9 @@ struct Exchange {
     for (int s = 0; s < n; ++s) {
       const ShardPiece h = heads.of_rank[static_cast<size_t>(s)];
       const Shape shape = with_heads(plan, h.length, mine, width);
-      convert(TensorView(const_cast<float*>(from), DType::kFloat32, shape),
-              detail::narrow(result.view(), result.view().rank() - 3, h.offset, h.length));
+      detail::copy_view(
+          TensorView(const_cast<float*>(from), DType::kFloat32, shape),
+          detail::narrow(result.view(), result.view().rank() - 3, h.offset, h.length));
       from += shape.numel();
     }
     return result;
