@@ -135,7 +135,10 @@ ShardResult ring_attention(MPI_Comm comm_in, const TensorView& query, const Tens
   const int q_dim = query.rank() - 2;
   for (int step = 0; step < plan.ranks; ++step) {
     if (step > 0) {
-      if (!parallel.overlap) blocks.start(comm, step - 1);
+      if (!parallel.overlap) {  // every rank done computing: the wait is the transfer alone
+        detail::check_mpi(MPI_Barrier(comm.get()), "MPI_Barrier");
+        blocks.start(comm, step - 1);
+      }
       stats.wait_seconds += blocks.finish(step);
     }
     if (parallel.overlap && step + 1 < plan.ranks) blocks.start(comm, step);

@@ -136,7 +136,10 @@ AttentionGradients ring_attention_backward(MPI_Comm comm_in, const TensorView& g
   detail::KeyBlocks blocks(plan, key, value, options.segment_ids_key);
   for (int step = 0; step < plan.ranks; ++step) {
     if (step > 0) {
-      if (!parallel.overlap) blocks.start(comm, step - 1);
+      if (!parallel.overlap) {  // every rank done computing: the wait is the transfer alone
+        detail::check_mpi(MPI_Barrier(comm.get()), "MPI_Barrier");
+        blocks.start(comm, step - 1);
+      }
       stats.wait_seconds += blocks.finish(step);
     }
     if (parallel.overlap && step + 1 < plan.ranks) blocks.start(comm, step);

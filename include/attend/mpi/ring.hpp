@@ -77,7 +77,9 @@ struct RingStatistics {
 struct ContextParallelOptions {
   ShardLayout layout = ShardLayout::kContiguous;
   // Start the next step's transfer before computing this step's blocks (double buffering).
-  // false: each transfer completes before the step computes (to measure what overlap hides).
+  // false: each transfer starts once every rank finished the previous step (a barrier) and
+  // completes before the step computes: RingStatistics::wait_seconds is then the transfers
+  // alone (benchmarks; what overlap hides).
   bool overlap = true;
   RingStatistics* statistics = nullptr;  // filled when not null
 };
