@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "attend/error.hpp"
+#include "cpu_features.hpp"
 #include "quote.hpp"
 #include "simd_dispatch.hpp"
 
@@ -98,6 +99,20 @@ std::string active_simd_target() {
 void set_max_simd_target(const std::string& name) {
   DispatchState& state = dispatch_state();
   state.allowed = state.supported & ~targets_above(name);
+}
+
+PrecisionSupport precision_support() { return detail::cpu_precision_support(); }
+
+std::string bf16_compute_path() {
+  if (detail::native_bf16_products()) return "bfloat16 products (AVX512_BF16)";
+  return std::string("float32 products (") + detail::why_no_bf16_products() + ")";
+}
+
+std::string fp16_compute_path() {
+  if (!detail::cpu_precision_support().avx512_fp16) {
+    return "float32 products (this CPU has no AVX512_FP16)";
+  }
+  return "float32 products (float16 products on AVX512_FP16 are not implemented yet)";
 }
 
 int default_num_threads() { return std::max(1, omp_get_max_threads()); }

@@ -11,6 +11,8 @@
 
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
+#include "cpu_features.hpp"
+#include "kernels/fused_sdpa.hpp"
 #include "kernels/kernel_list.hpp"
 #include "score_rules.hpp"
 #include "sdpa_boundary.hpp"
@@ -276,13 +278,80 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
   }
 }
 
+namespace {
+
+// A bfloat16 view with a contiguous last dimension: the view itself when it already is one,
+// otherwise a copy rounded to bfloat16 (nearest even) kept alive in `storage`.
+TensorView as_kernel_bf16(const TensorView& t, std::optional<Tensor>& storage) {
+  if (t.dtype == DType::kBFloat16 && (t.strides.back(0) == 1 || t.shape.back(0) <= 1)) {
+    TensorView v = t;
+    v.strides[v.rank() - 1] = 1;
+    return v;
+  }
+  storage.emplace(DType::kBFloat16, t.shape);
+  convert(t, storage->view());
+  return storage->view();
+}
+
+// A float32 view of `t` rounded to bfloat16 (ComputePrecision::kBFloat16 on a kernel without
+// bfloat16 products).
+TensorView as_kernel_float_rounded_to_bf16(const TensorView& t, std::optional<Tensor>& storage) {
+  if (t.dtype == DType::kBFloat16) return as_kernel_float(t, storage);
+  std::optional<Tensor> rounded;
+  return as_kernel_float(as_kernel_bf16(t, rounded), storage);
+}
+
+// Bytes one thread's packed bfloat16 K and V may take (Bf16Operands in the query tiles):
+// beyond it, the products are float32.
+constexpr double kMaxPackedBf16Bytes = 256.0 * (1 << 20);
+
+enum class Products : uint8_t { kFloat32, kBFloat16, kFloat32OnBFloat16 };
+
+// The products a call computes (AttentionOptions::compute): bfloat16 ones only in the query
+// tiles, on a CPU that has them; attend::Error for a precision this CPU cannot compute.
+Products choose_products(const TensorView& query, const TensorView& value,
+                         const AttentionOptions& options, bool for_backward) {
+  if (!wants_bf16_products(query.dtype, options.compute)) return Products::kFloat32;
+  const bool requested = options.compute == ComputePrecision::kBFloat16;
+  if (options.backend == Backend::kReference) {
+    if (requested) {
+      throw Error(
+          "compute precision bfloat16 runs on the fused backend (the reference computes "
+          "in float64)");
+    }
+    return Products::kFloat32;
+  }
+  const int64_t key_len = value.shape.back(1);
+  const double packed_bytes =
+      4.0 * (static_cast<double>(key_len) * static_cast<double>((query.shape.back(0) + 1) / 2) +
+             static_cast<double>((key_len + 1) / 2) * static_cast<double>(value.shape.back(0)));
+  const bool tiles = 2 * query.shape.back(1) > fused_lanes();
+  // The backward's products are float32 (on the rounded inputs for kBFloat16).
+  const bool products = !for_backward && tiles && packed_bytes <= kMaxPackedBf16Bytes;
+  if (products) return Products::kBFloat16;
+  return requested ? Products::kFloat32OnBFloat16 : Products::kFloat32;
+}
+
+}  // namespace
+
 SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,
                        const Problem& problem, const AttentionOptions& options,
-                       KernelInputs& storage) {
+                       KernelInputs& storage, bool for_backward) {
   const int batch_rank = query.rank() - 2;
-  const TensorView q = as_kernel_float(query, storage.query);
-  const TensorView k = as_kernel_float(key, storage.key);
-  const TensorView v = as_kernel_float(value, storage.value);
+  const Products products = choose_products(query, value, options, for_backward);
+  const auto operand = [&](const TensorView& t, std::optional<Tensor>& copy) {
+    switch (products) {
+      case Products::kBFloat16:
+        return as_kernel_bf16(t, copy);
+      case Products::kFloat32OnBFloat16:
+        return as_kernel_float_rounded_to_bf16(t, copy);
+      default:
+        return as_kernel_float(t, copy);
+    }
+  };
+  const TensorView q = operand(query, storage.query);
+  const TensorView k = operand(key, storage.key);
+  const TensorView v = operand(value, storage.value);
 
   SdpaParams p;
   for (int d = 0; d < batch_rank; ++d) p.batch_shape[kMaxBatchRank - batch_rank + d] = q.shape[d];
@@ -292,11 +361,17 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
   p.key_len = k.shape.back(1);
   p.head_dim = q.shape.back(0);
   p.value_dim = v.shape.back(0);
-  p.query = q.data_as<const float>();
+  if (products == Products::kBFloat16) {
+    p.query_bf16 = q.data_as<const uint16_t>();
+    p.key_bf16 = k.data_as<const uint16_t>();
+    p.value_bf16 = v.data_as<const uint16_t>();
+  } else {
+    p.query = q.data_as<const float>();
+    p.key = k.data_as<const float>();
+    p.value = v.data_as<const float>();
+  }
   p.query_strides = plain_strides(q);
-  p.key = k.data_as<const float>();
   p.key_strides = plain_strides(k);
-  p.value = v.data_as<const float>();
   p.value_strides = plain_strides(v);
 
   if (options.mask) {

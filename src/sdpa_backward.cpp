@@ -85,7 +85,7 @@ void run_backward(const TensorView& grad_output, const TensorView& query, const 
                   const AttentionOptions& options) {
   detail::KernelInputs inputs;
   SdpaBackwardParams bp;
-  bp.forward = detail::make_params(query, key, value, problem, options, inputs);
+  bp.forward = detail::make_params(query, key, value, problem, options, inputs, true);
   detail::SdpaParams& p = bp.forward;
 
   std::optional<Tensor> output_copy, grad_output_copy;

@@ -56,9 +56,11 @@ struct KernelInputs {
   std::optional<Tensor> query, key, value, mask, bias;
   ScoreRuleInputs rules;
 };
-// SdpaParams with sizes, inputs, mask, bias and options filled (outputs null).
+// SdpaParams with sizes, inputs, mask, bias and options filled (outputs null); the inputs in
+// the precision of the products (AttentionOptions::compute): float32, or bfloat16 for the
+// forward's query tiles (never `for_backward`). attend::Error for a precision the CPU lacks.
 SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,
                        const Problem& problem, const AttentionOptions& options,
-                       KernelInputs& storage);
+                       KernelInputs& storage, bool for_backward = false);
 
 }  // namespace attend::detail

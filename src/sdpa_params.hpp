@@ -1,7 +1,8 @@
 // sdpa_params.hpp: the one plain struct every attention kernel reads, filled and validated
 // once by src/sdpa.cpp (after the model of flash-attention's flash.h).
 //
-// All tensors are float32 (mask: one byte per entry, nonzero keeps) with the last
+// All tensors are float32 (mask: one byte per entry, nonzero keeps; query, key and value
+// bfloat16 for bfloat16 products) with the last
 // dimension of query, key, value, output and weights contiguous (stride 1). Every other
 // stride is in elements and may be anything, including 0 for broadcast mask and bias.
 // The batch is up to kMaxBatchRank leading dimensions; batch index b in [0, batch) is
@@ -40,6 +41,14 @@ struct SdpaParams {
   OperandStrides key_strides;
   const float* value = nullptr;
   OperandStrides value_strides;
+
+  // bfloat16 products (AttentionOptions::compute, AVX512_BF16; see bf16_products-inl.h):
+  // query, key and value as bfloat16 with the strides above, and the float32 pointers null.
+  // Only the query-tile kernel runs such calls (the boundary chooses them only for it).
+  const uint16_t* query_bf16 = nullptr;
+  const uint16_t* key_bf16 = nullptr;
+  const uint16_t* value_bf16 = nullptr;
+  bool bf16() const { return key_bf16 != nullptr; }
 
   // output (..., Lq, Ev): written. weights (..., Lq, Lk): written when not null.
   float* output = nullptr;

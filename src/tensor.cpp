@@ -8,6 +8,7 @@
 
 #include "attend/error.hpp"
 #include "checked_math.hpp"
+#include "convert_rows.hpp"
 #include "half.hpp"
 
 namespace attend {
@@ -305,12 +306,101 @@ void store_from_double(void* p, DType dtype, double value) {
 
 }  // namespace
 
+namespace {
+
+bool is_float_format(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+}
+
+float load_float(const void* p, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return detail::f32_from_f16(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBFloat16:
+      return detail::f32_from_bf16(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+// One row of n elements between float32, float16 and bfloat16 (both contiguous): the same
+// rounding as store_from_double (a float32 value converts exactly to double), in a loop the
+// compiler can vectorize for the common pairs.
+void convert_float_row(const void* from, DType from_dtype, void* to, DType to_dtype, int64_t n) {
+  if (from_dtype == DType::kBFloat16 && to_dtype == DType::kFloat32) {
+    const auto* src = static_cast<const uint16_t*>(from);
+    auto* dst = static_cast<float*>(to);
+    for (int64_t i = 0; i < n; ++i) dst[i] = detail::f32_from_bf16(src[i]);
+    return;
+  }
+  if (from_dtype == DType::kFloat16 && to_dtype == DType::kFloat32) {
+    detail::f16_to_f32_row(static_cast<const uint16_t*>(from), static_cast<float*>(to), n);
+    return;
+  }
+  if (from_dtype == DType::kFloat32 && to_dtype == DType::kFloat16) {
+    detail::f32_to_f16_row(static_cast<const float*>(from), static_cast<uint16_t*>(to), n);
+    return;
+  }
+  if (from_dtype == DType::kFloat32 && to_dtype == DType::kBFloat16) {
+    const auto* src = static_cast<const float*>(from);
+    auto* dst = static_cast<uint16_t*>(to);
+    for (int64_t i = 0; i < n; ++i) dst[i] = detail::bf16_from_f32(src[i]);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = load_float(from, from_dtype, i);
+    switch (to_dtype) {
+      case DType::kFloat16:
+        static_cast<uint16_t*>(to)[i] = detail::f16_from_f32(v);
+        break;
+      case DType::kBFloat16:
+        static_cast<uint16_t*>(to)[i] = detail::bf16_from_f32(v);
+        break;
+      default:
+        static_cast<float*>(to)[i] = v;
+        break;
+    }
+  }
+}
+
+// The rows of two views of one shape whose last dimension is contiguous, between float
+// formats: the fast path of convert (the kernels' conversions of float16 and bfloat16
+// operands and results).
+bool convert_float_rows(const TensorView& from, const TensorView& to) {
+  const int rank = from.rank();
+  if (rank == 0 || !is_float_format(from.dtype) || !is_float_format(to.dtype)) return false;
+  const int64_t n = from.shape.back(0);
+  if (n > 1 && (from.strides.back(0) != 1 || to.strides.back(0) != 1)) return false;
+  const int64_t rows = from.numel() / n;
+  const size_t from_size = dtype_size(from.dtype), to_size = dtype_size(to.dtype);
+  int64_t index[Shape::kMaxRank] = {};
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t from_offset = 0, to_offset = 0;
+    for (int d = 0; d + 1 < rank; ++d) {
+      from_offset += index[d] * from.strides[d];
+      to_offset += index[d] * to.strides[d];
+    }
+    convert_float_row(
+        static_cast<const char*>(from.data) + from_offset * static_cast<int64_t>(from_size),
+        from.dtype, static_cast<char*>(to.data) + to_offset * static_cast<int64_t>(to_size),
+        to.dtype, n);
+    for (int d = rank - 2; d >= 0; --d) {
+      if (++index[d] < from.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 void convert(const TensorView& from, const TensorView& to) {
   if (from.shape != to.shape) {
     throw Error("convert: shape " + from.shape.str() + " does not match " + to.shape.str());
   }
   const int64_t n = from.numel();
   if (n == 0) return;
+  if (convert_float_rows(from, to)) return;
   const int rank = from.rank();
   const size_t from_size = dtype_size(from.dtype), to_size = dtype_size(to.dtype);
   const bool same_plain_copy = from.dtype == to.dtype;

@@ -173,6 +173,38 @@ TEST_F(AttendCli, SdpaMatchesTheReferenceBackend) {
   EXPECT_LT(max_difference(output, expected.output), kTolerance);
 }
 
+// --compute-dtype bf16 gives the library's kBFloat16 result bit for bit where the CPU has
+// bfloat16 products, and a one-line error where it does not; fp16 products are refused.
+TEST_F(AttendCli, ComputeDtypeSelectsThePrecisionOfTheProducts) {
+  write("Q20.npy", filled(Shape({2, 20, 8}), 5));
+  const std::vector<std::string> common = {"sdpa",  "--query",        "Q20.npy", "--key",
+                                           "K.npy", "--value",        "V.npy",   "--out",
+                                           "O.npy", "--compute-dtype"};
+  std::vector<std::string> bf16 = common, fp16 = common;
+  bf16.push_back("bf16");
+  fp16.push_back("fp16");
+  expect_error(run(fp16), "compute precision float16");
+  const RunResult result = run(bf16);
+  if (bf16_compute_path().rfind("bfloat16", 0) != 0) {
+    expect_error(result, "AVX512_BF16");
+    return;
+  }
+  ASSERT_EQ(result.exit_status, 0) << result.err;
+  const Tensor q = read_npy(path("Q20.npy")), k = read_npy(path("K.npy")),
+               v = read_npy(path("V.npy"));
+  AttentionOptions options;
+  options.compute = ComputePrecision::kBFloat16;
+  const Tensor expected =
+      scaled_dot_product_attention(q.view(), k.view(), v.view(), options).output;
+  const Tensor output = read_npy(path("O.npy"));
+  ASSERT_EQ(output.nbytes(), expected.nbytes());
+  EXPECT_EQ(std::memcmp(output.data(), expected.data(), output.nbytes()), 0);
+  // Not the float32 products' result: the rounding of the inputs shows.
+  options.compute = ComputePrecision::kFloat32;
+  const Tensor float32 = scaled_dot_product_attention(q.view(), k.view(), v.view(), options).output;
+  EXPECT_GT(max_difference(output, float32), 0.0);
+}
+
 TEST_F(AttendCli, SdpaWithMaskBiasCausalScaleAndWeights) {
   const RunResult result =
       run({"sdpa",      "--query", "Q.npy",  "--key", "K.npy",     "--value", "V.npy",

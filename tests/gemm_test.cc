@@ -6,11 +6,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "attend/runtime.hpp"
+#include "cpu_features.hpp"
+#include "half.hpp"
 #include "test_support.hpp"
 
 namespace attend::detail {
@@ -34,11 +37,25 @@ std::vector<float> pseudo_random(size_t count, uint64_t seed) {
 
 // Runs linear() on `problem` with padded row strides (to test strides) and compares with a
 // float64 naive product. Error model: |got - exact| <= (K + 2)·u·(|bias| + Σ|a||b|), u = 2^-24.
-void check_against_naive(const Problem& problem, int num_threads, const std::string& target) {
+// With `bf16`, the input goes in as bfloat16 (LinearParams::input_bf16) and the exact product
+// is taken of the rounded input and, where bfloat16 products run, the rounded weight.
+void check_against_naive(const Problem& problem, int num_threads, const std::string& target,
+                         bool bf16 = false) {
   const int64_t M = problem.rows, N = problem.columns, K = problem.depth;
   const int64_t input_stride = K + 3, weight_stride = K + 1, output_stride = N + 5;
-  const auto input = pseudo_random(static_cast<size_t>(M * input_stride), 1);
+  auto input = pseudo_random(static_cast<size_t>(M * input_stride), 1);
   const auto weight = pseudo_random(static_cast<size_t>(N * weight_stride), 2);
+  std::vector<uint16_t> input_bf16(input.size());
+  auto exact_weight = weight;
+  if (bf16) {
+    for (size_t i = 0; i < input.size(); ++i) {
+      input_bf16[i] = bf16_from_f32(input[i]);
+      input[i] = f32_from_bf16(input_bf16[i]);
+    }
+    if (M > 8 && native_bf16_products()) {
+      for (float& w : exact_weight) w = f32_from_bf16(bf16_from_f32(w));
+    }
+  }
   const auto bias = pseudo_random(static_cast<size_t>(N), 3);
   const float sentinel = 12345.0f;
   std::vector<float> output(static_cast<size_t>(M * output_stride), sentinel);
@@ -55,6 +72,10 @@ void check_against_naive(const Problem& problem, int num_threads, const std::str
   p.output = output.data();
   p.output_row_stride = output_stride;
   p.num_threads = num_threads;
+  if (bf16) {
+    p.input = nullptr;
+    p.input_bf16 = input_bf16.data();
+  }
   linear(p);
 
   const double unit_roundoff = std::ldexp(1.0, -24);
@@ -71,7 +92,7 @@ void check_against_naive(const Problem& problem, int num_threads, const std::str
       double magnitude = std::abs(exact);
       for (int64_t k = 0; k < K; ++k) {
         const double product = double{input[static_cast<size_t>(i * input_stride + k)]} *
-                               double{weight[static_cast<size_t>(j * weight_stride + k)]};
+                               double{exact_weight[static_cast<size_t>(j * weight_stride + k)]};
         exact += product;
         magnitude += std::abs(product);
       }
@@ -104,6 +125,15 @@ TEST_P(GemmEveryTarget, MatchesFloat64Product) {
   for (const Problem& problem : kProblems) check_against_naive(problem, 2, GetParam());
 }
 
+// bfloat16 inputs: vdpbf16ps products where the CPU (and the target) has them, float32
+// products of the widened input elsewhere; the same error model either way.
+TEST_P(GemmEveryTarget, Bf16InputMatchesFloat64Product) {
+  test::ScopedSimdCap cap(GetParam());
+  std::printf("target %s: %s\n", GetParam().c_str(),
+              native_bf16_products() ? "bfloat16 products" : "float32 products (widened)");
+  for (const Problem& problem : kProblems) check_against_naive(problem, 2, GetParam(), true);
+}
+
 TEST_P(GemmEveryTarget, ResultDoesNotDependOnThreadCount) {
   test::ScopedSimdCap cap(GetParam());
   const int64_t M = 301, N = 131, K = 77;
@@ -113,8 +143,9 @@ TEST_P(GemmEveryTarget, ResultDoesNotDependOnThreadCount) {
   std::vector<float> first;
   for (int threads : {1, 2, 3, 7}) {
     std::vector<float> output(static_cast<size_t>(M * N));
-    LinearParams p{M, N,      K, input.data(), K, weight.data(), K, bias.data(), output.data(),
-                   N, threads};
+    LinearParams p{
+        M, N,       K,      input.data(), K, weight.data(), K, bias.data(), output.data(),
+        N, threads, nullptr};
     linear(p);
     if (first.empty()) {
       first = output;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "attend/runtime.hpp"
 
 namespace attend {
 namespace {
@@ -169,6 +170,39 @@ TEST(SpatialSelfAttention, LargerImagesStridedInputsAndThreadCounts) {
                            Shape({90 * 32, 1, 10 * 32, 32}));
   const Tensor from_strided = block.forward(strided, 2);
   EXPECT_EQ(std::memcmp(one.data(), from_strided.data(), one.nbytes()), 0);
+}
+
+// A bfloat16 image runs the block in bfloat16 products and returns bfloat16 (where the CPU
+// has them): against the float32 block on the same rounded image, within the multi-head
+// test's rounding model (8·2^-9 of the attention's contribution's norm, here bounded by the
+// output's) plus the output's own rounding (2^-9 relative).
+TEST(SpatialSelfAttention, Bfloat16ImageInBfloat16Products) {
+  if (bf16_compute_path().rfind("bfloat16", 0) != 0) {
+    GTEST_SKIP() << "skipped: " << bf16_compute_path();
+  }
+  SpatialSelfAttention block(64, 4, {8, 1e-5}, 5);
+  for (auto& [name, view] : block.attention().state_dict()) {  // a bfloat16 checkpoint
+    Tensor rounded(DType::kBFloat16, view.shape);
+    convert(view, rounded.view());
+    convert(rounded.view(), view);
+  }
+  const Tensor x = pseudo_random(Shape({1, 64, 8, 12}), 11);  // 96 pixels
+  Tensor x_bf16(DType::kBFloat16, x.shape()), widened(DType::kFloat32, x.shape());
+  convert(x.view(), x_bf16.view());
+  convert(x_bf16.view(), widened.view());
+  const Tensor got = block.forward(x_bf16.view(), 2);
+  ASSERT_EQ(got.dtype(), DType::kBFloat16);
+  const Tensor expected = block.forward(widened.view(), 2);
+  Tensor got32(DType::kFloat32, x.shape());
+  convert(got.view(), got32.view());
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < got32.numel(); ++i) {
+    const double e = expected.data_as<float>()[i], g = got32.data_as<float>()[i];
+    diff += (g - e) * (g - e);
+    norm += e * e;
+  }
+  EXPECT_LE(std::sqrt(diff / norm), 9.0 / 512);
+  EXPECT_GT(diff, 0.0);
 }
 
 TEST(SpatialSelfAttention, RejectsBadShapes) {

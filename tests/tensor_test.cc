@@ -2,8 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <vector>
+
 #include "attend/error.hpp"
+#include "attend/runtime.hpp"
 #include "half.hpp"
+#include "test_support.hpp"
 
 namespace attend {
 namespace {
@@ -46,6 +51,58 @@ TEST(Half, RoundTripsAndRoundsToNearestEven) {
   EXPECT_EQ(detail::f16_from_f32(65520.0f), 0x7C00);            // rounds to infinity
   EXPECT_EQ(detail::bf16_from_f32(1.0f), 0x3F80);
   EXPECT_EQ(detail::f32_from_bf16(0x3F80), 1.0f);
+}
+
+}  // namespace
+}  // namespace attend
+
+namespace attend {
+namespace {
+
+// convert's row fast path (convert_rows.cc on the CPU's conversion instructions, per SIMD
+// target) agrees with the scalar definitions of half.hpp on every float16 value, and on
+// float32 values around every float16 rounding boundary; NaNs stay NaNs.
+TEST(ConvertRows, MatchesTheScalarDefinitionsOnEveryTarget) {
+  std::vector<uint16_t> halves(65536);
+  for (size_t i = 0; i < halves.size(); ++i) halves[i] = static_cast<uint16_t>(i);
+  std::vector<float> floats;
+  for (uint16_t h : halves) {
+    const float f = detail::f32_from_f16(h);
+    floats.push_back(f);
+    floats.push_back(std::nextafter(f, INFINITY));
+    floats.push_back(std::nextafter(f, -INFINITY));
+    // The midpoint to the next float16 value: a tie, rounded to even.
+    const float next = detail::f32_from_f16(static_cast<uint16_t>(h + 1));
+    if (std::isfinite(f) && std::isfinite(next)) floats.push_back(0.5f * (f + next));
+  }
+  for (const std::string& target : supported_simd_targets()) {
+    test::ScopedSimdCap cap(target);
+    SCOPED_TRACE(target);
+    Tensor widened(DType::kFloat32, Shape{static_cast<int64_t>(halves.size())});
+    convert(TensorView(halves.data(), DType::kFloat16, Shape{static_cast<int64_t>(halves.size())}),
+            widened.view());
+    for (size_t i = 0; i < halves.size(); ++i) {
+      const float expected = detail::f32_from_f16(halves[i]);
+      const float got = widened.data_as<float>()[i];
+      if (std::isnan(expected)) {
+        ASSERT_TRUE(std::isnan(got)) << i;
+      } else {
+        ASSERT_EQ(detail::bits_from_f32(got), detail::bits_from_f32(expected)) << i;
+      }
+    }
+    const auto n = static_cast<int64_t>(floats.size());
+    std::vector<uint16_t> narrowed(floats.size());
+    convert(TensorView(floats.data(), Shape{n}),
+            TensorView(narrowed.data(), DType::kFloat16, Shape{n}));
+    for (size_t i = 0; i < floats.size(); ++i) {
+      const uint16_t expected = detail::f16_from_f32(floats[i]);
+      if (std::isnan(floats[i])) {
+        ASSERT_TRUE(std::isnan(detail::f32_from_f16(narrowed[i]))) << i;
+      } else {
+        ASSERT_EQ(narrowed[i], expected) << floats[i];
+      }
+    }
+  }
 }
 
 }  // namespace

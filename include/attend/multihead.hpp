@@ -42,13 +42,23 @@ struct MultiHeadForwardOptions {
   uint64_t seed = 0;
   int num_threads = 0;  // 0: the OpenMP default; results do not depend on it
   Backend backend = Backend::kAuto;
+  // Precision of the products, the projections' and the attention's (AttentionOptions::
+  // compute): kAuto runs bfloat16 inputs in bfloat16 products where the CPU has them
+  // (AVX512_BF16; attend::bf16_compute_path()), everything else in float32. With bfloat16
+  // products the inputs and weights are rounded to bfloat16, Q, K, V and the heads are kept
+  // in bfloat16, accumulation is float32, and the output is bfloat16 unless float32_output.
+  // A forward that fills a tape (for backward()) computes in float32 products.
+  ComputePrecision compute = ComputePrecision::kAuto;
+  bool float32_output = false;
   // need_weights refuses (attend::Error, before any work) per-head weights (N, H, L, S)
   // larger than this many bytes.
   uint64_t max_weights_bytes = uint64_t{16} << 30;
 };
 
 struct MultiHeadResult {
-  Tensor output;   // (N, L, E) or (L, E), float32
+  // (N, L, E) or (L, E): float32, or bfloat16 when computed in bfloat16 products (see
+  // MultiHeadForwardOptions::compute).
+  Tensor output;
   Tensor weights;  // float32, see average_weights_over_heads; empty unless need_weights
 };
 
@@ -91,7 +101,8 @@ class MultiHeadAttention {
                      uint64_t seed = 0);
 
   // query (N, L, E) or (L, E); key (N, S, kdim); value (N, S, vdim); float32, float16 or
-  // bfloat16 (computed in float32). Self-attention when query, key and value are the same view.
+  // bfloat16 (float16 computed in float32; bfloat16 see MultiHeadForwardOptions::compute).
+  // Self-attention when query, key and value are the same view.
   MultiHeadResult forward(const TensorView& query, const TensorView& key, const TensorView& value,
                           const MultiHeadForwardOptions& options = {}) const;
   // Same, also filling `tape` (when not null) with what backward() needs.

@@ -24,6 +24,22 @@ std::string active_simd_target();
 // inside attend (a call in flight could plan for one target and run on another).
 void set_max_simd_target(const std::string& name);
 
+// The reduced-precision instructions of this CPU whose register state the OS enables.
+struct PrecisionSupport {
+  bool avx512_bf16 = false;  // vdpbf16ps: bfloat16 products (AMD Zen 4 and later, Intel
+                             // Cooper Lake and Sapphire Rapids and later)
+  bool avx512_fp16 = false;  // float16 arithmetic (Intel Sapphire Rapids and later)
+  bool amx_tile = false;     // AMX tiles (the OS's XCR0 bits; Linux grants them per process)
+  bool amx_bf16 = false;
+  bool amx_fp16 = false;
+};
+PrecisionSupport precision_support();
+
+// The matrix products attention runs for bfloat16 and float16 inputs on this CPU now (after
+// the SIMD cap), e.g. "bfloat16 (AVX512_BF16)" or "float32 (this CPU has no AVX512_BF16)".
+std::string bf16_compute_path();
+std::string fp16_compute_path();
+
 // Threads a call with num_threads == 0 uses.
 int default_num_threads();
 

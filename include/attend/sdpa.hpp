@@ -48,6 +48,25 @@ struct BlockPositions {
 // Value a score gets where it is excluded, as `masked_fill(mask == 0, -1e9)` in the listing.
 inline constexpr float kExcludedScore = -1e9f;
 
+// Precision of the two matrix products, Q·Kᵀ and weights·V. The softmax, its statistics and
+// every accumulation stay float32 whatever is chosen. `attend::bf16_compute_path()` says what
+// this CPU runs.
+enum class ComputePrecision : uint8_t {
+  // bfloat16 inputs: bfloat16 products where the CPU has them natively (AVX512_BF16) and the
+  // query-tile kernel runs (more than half a vector of queries per head), float32 products
+  // otherwise. float32 and float16 inputs: float32 products.
+  kAuto,
+  // float32 products (inputs converted exactly).
+  kFloat32,
+  // bfloat16 products: inputs rounded to bfloat16 (nearest even), and the weights rounded to
+  // bfloat16 before weights·V (those products exact, accumulated in float32). Natively on
+  // AVX512_BF16; attend::Error on a CPU (or SIMD cap) without it. Decoding shapes (a few
+  // queries per head, memory-bound) compute the rounded inputs' products in float32.
+  kBFloat16,
+  // float16 products need AVX512_FP16 and are not implemented yet: attend::Error.
+  kFloat16,
+};
+
 struct AttentionOptions {
   // bool or integer dtype, broadcastable to (..., Lq, Lk); an entry equal to zero excludes
   // that key for that query. A floating mask is refused: pass additive masks as `bias`.
@@ -102,6 +121,7 @@ struct AttentionOptions {
   // Threads to use; 0 means the OpenMP default. The result does not depend on it.
   int num_threads = 0;
   Backend backend = Backend::kAuto;
+  ComputePrecision compute = ComputePrecision::kAuto;
   // need_weights refuses to allocate more than this many bytes for the weights.
   uint64_t max_weights_bytes = uint64_t{16} << 30;
 };

@@ -26,7 +26,10 @@ class SpatialSelfAttention {
   SpatialSelfAttention(int64_t channels, int64_t num_heads,
                        const SpatialAttentionOptions& options = {}, uint64_t seed = 0);
 
-  // x: (N, C, H, W) float32, float16 or bfloat16 (any strides). Returns float32 (N, C, H, W).
+  // x: (N, C, H, W) float32, float16 or bfloat16 (any strides). Returns (N, C, H, W) float32,
+  // or bfloat16 for a bfloat16 x where the CPU has bfloat16 products (then the projections and
+  // the attention run in them, as MultiHeadForwardOptions::compute describes; GroupNorm and
+  // the residual stay float32).
   Tensor forward(const TensorView& x, int num_threads = 0) const;
 
   MultiHeadAttention& attention() { return attention_; }

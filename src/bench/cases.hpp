@@ -37,6 +37,9 @@ struct AttentionShape {
     // user without them passes, and what PyTorch 1.13 computes with).
     bool as_mask = false;
   } rules = {};
+  // Of query, key, value and output (and dO, dQ, dK, dV): float32, bfloat16 or float16,
+  // computed as AttentionOptions::compute's default picks (ComputePrecision::kAuto).
+  DType dtype = DType::kFloat32;
   bool has_rules() const;
 
   // attend::attention_flops(batch·heads, Lq, Lk, E, E, causal): the shared formula; with
@@ -47,7 +50,7 @@ struct AttentionShape {
   // Share of (64-query, 128-key) tiles with a visible score: what the block-sparse kernel
   // visits (1 without positional or document rules).
   double visited_fraction() const;
-  // Bytes of K and V read once: 2·B·H·Lk·E·4 (float32); H = 1 with shared_kv.
+  // Bytes of K and V read once: 2·B·H·Lk·E·(bytes of dtype); H = 1 with shared_kv.
   double key_value_bytes() const;
   // Bytes of the float32 weights (B, H, Lq, Lk).
   double weights_bytes() const;
@@ -61,6 +64,7 @@ enum class TargetKind : uint8_t {
   kMinPercentOfPeak,  // 100 · (attention_flops / median time) / FMA peak
   kMinPercentOfRead,  // 100 · (key_value_bytes / median time) / read bandwidth
   kMaxWeightsRatio,   // time / (time without weights + time to write the weights)
+  kMinSpeedup,        // time of the baseline case (float32) / time: reduced precision
 };
 
 struct CaseTarget {
@@ -68,7 +72,7 @@ struct CaseTarget {
   double value = 0;
 };
 
-// "<= 0.5 us", ">= 81% of peak", ">= 71% of read", "<= 1.5x"; "-" for none.
+// "<= 0.5 us", ">= 81% of peak", ">= 71% of read", "<= 1.5x", ">= 1.7x"; "-" for none.
 std::string describe_target(const CaseTarget& target);
 // Whether `measured` (in the unit of target.kind) meets the target; true for kNone.
 bool target_met(const CaseTarget& target, double measured);
@@ -91,6 +95,9 @@ struct BenchCase {
   bool single_thread = false;  // a latency case: always one thread
   CaseTarget target;
   std::string summary;  // one line for listings
+  // The float32 case this one's speed is compared with, measured in the same run (its time
+  // divided by this one's: kMinSpeedup); "" for none.
+  std::string baseline = {};
 
   // FLOPs of one call: shape.flops(), or attention_backward_flops for kAttentionBackward.
   double flops() const;

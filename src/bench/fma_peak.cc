@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "attend/error.hpp"
+#include "attend/runtime.hpp"
 #include "simd_dispatch.hpp"
 
 // Defined once, outside the per-target namespaces: every target returns the same type.
@@ -25,8 +26,8 @@
 #define ATTEND_BENCH_FMA_PEAK_CHAIN_RESULT
 namespace attend::bench {
 struct ChainResult {
-  float checksum;      // depends on every accumulator, so no chain can be optimized away
-  double vector_fmas;  // rounds × chains
+  float checksum;  // depends on every accumulator, so no chain can be optimized away
+  double flops;    // rounds × chains × (2 per FMA, 4 per bfloat16 dot product) × lanes
   int lanes;
   const char* target;
 };
@@ -53,9 +54,30 @@ ChainResult RunFmaChains(int64_t rounds) {
   }
   V sum = acc[0];
   for (int c = 1; c < kChains; ++c) sum = hn::Add(sum, acc[c]);
-  return {hn::GetLane(hn::SumOfLanes(d, sum)), static_cast<double>(rounds) * kChains,
+  return {hn::GetLane(hn::SumOfLanes(d, sum)),
+          2.0 * static_cast<double>(rounds) * kChains * static_cast<double>(hn::Lanes(d)),
           static_cast<int>(hn::Lanes(d)), hwy::TargetName(HWY_TARGET)};
 }
+
+// The same with vdpbf16ps (AVX512_BF16: two multiply-adds per float32 lane), on the AVX-512
+// targets; elsewhere no work (flops 0). Called only where the CPU has the instruction.
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+__attribute__((noinline, target("avx512bf16"))) ChainResult RunBf16Chains(int64_t rounds) {
+  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3F803F80));  // (1, 1)
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33803380));  // 2^-24
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  for (int64_t r = 0; r < rounds; ++r) {
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  return {_mm512_reduce_add_ps(sum), 4.0 * static_cast<double>(rounds) * kChains * 16, 16,
+          hwy::TargetName(HWY_TARGET)};
+}
+#else
+ChainResult RunBf16Chains(int64_t) { return {0, 0, 0, hwy::TargetName(HWY_TARGET)}; }
+#endif
 
 }  // namespace HWY_NAMESPACE
 }  // namespace attend::bench
@@ -65,6 +87,7 @@ HWY_AFTER_NAMESPACE();
 namespace attend::bench {
 
 HWY_EXPORT(RunFmaChains);
+HWY_EXPORT(RunBf16Chains);
 
 namespace {
 
@@ -86,7 +109,7 @@ double thread_cpu_seconds() {
 // Every thread runs `rounds` rounds and divides its FMAs by its own CPU time, so that other
 // processes on a shared machine, which take CPU time but not FMA units, do not lower the
 // figure; on a quiet machine it equals FMAs / wall time.
-Trial run_trial(int num_threads, int64_t rounds) {
+Trial run_trial(int num_threads, int64_t rounds, bool bf16) {
   Trial trial;
   float checksum = 0;
   double gflops = 0;
@@ -94,10 +117,11 @@ Trial run_trial(int num_threads, int64_t rounds) {
 #pragma omp parallel num_threads(num_threads) reduction(+ : checksum, gflops)
   {
     const double cpu_start = thread_cpu_seconds();
-    const ChainResult result = ATTEND_DISPATCH(RunFmaChains)(rounds);
+    const ChainResult result =
+        bf16 ? ATTEND_DISPATCH(RunBf16Chains)(rounds) : ATTEND_DISPATCH(RunFmaChains)(rounds);
     const double cpu_seconds = std::max(thread_cpu_seconds() - cpu_start, 1e-9);
     checksum += result.checksum;
-    gflops += 2.0 * result.vector_fmas * result.lanes / cpu_seconds / 1e9;
+    gflops += result.flops / cpu_seconds / 1e9;
 #pragma omp master
     {
       trial.lanes = result.lanes;
@@ -111,9 +135,7 @@ Trial run_trial(int num_threads, int64_t rounds) {
   return trial;
 }
 
-}  // namespace
-
-FmaPeak measure_fma_peak(int num_threads, double min_seconds) {
+FmaPeak measure_peak(int num_threads, double min_seconds, bool bf16) {
   if (num_threads < 1) {
     throw Error("FMA peak probe: num_threads must be >= 1, got " + std::to_string(num_threads));
   }
@@ -124,10 +146,10 @@ FmaPeak measure_fma_peak(int num_threads, double min_seconds) {
 
   // Calibrate: double the rounds until one trial lasts a quarter of the wanted time.
   int64_t rounds = int64_t{1} << 14;
-  Trial trial = run_trial(num_threads, rounds);
+  Trial trial = run_trial(num_threads, rounds, bf16);
   while (trial.wall_seconds < min_seconds / 4 && rounds < (int64_t{1} << 40)) {
     rounds *= 2;
-    trial = run_trial(num_threads, rounds);
+    trial = run_trial(num_threads, rounds, bf16);
   }
   rounds = static_cast<int64_t>(static_cast<double>(rounds) * min_seconds /
                                 std::max(trial.wall_seconds, 1e-9));
@@ -136,12 +158,28 @@ FmaPeak measure_fma_peak(int num_threads, double min_seconds) {
   FmaPeak peak;
   peak.threads = num_threads;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    trial = run_trial(num_threads, rounds);
+    trial = run_trial(num_threads, rounds, bf16);
     peak.gflops = std::max(peak.gflops, trial.gflops);
     peak.lanes = trial.lanes;
     peak.target = trial.target;
   }
   return peak;
+}
+
+}  // namespace
+
+FmaPeak measure_fma_peak(int num_threads, double min_seconds) {
+  return measure_peak(num_threads, min_seconds, false);
+}
+
+FmaPeak measure_bf16_peak(int num_threads, double min_seconds) {
+  if (bf16_compute_path().rfind("bfloat16", 0) != 0) {
+    FmaPeak none;
+    none.threads = num_threads;
+    none.target = "none";
+    return none;
+  }
+  return measure_peak(num_threads, min_seconds, true);
 }
 
 }  // namespace attend::bench

@@ -20,4 +20,8 @@ struct FmaPeak {
 // num_threads < 1 or min_seconds is not positive.
 FmaPeak measure_fma_peak(int num_threads, double min_seconds = 0.1);
 
+// The same for bfloat16 dot products (vdpbf16ps, 4 FLOPs per float32 lane) where attention
+// runs them (attend::bf16_compute_path()); gflops 0 and target "none" elsewhere.
+FmaPeak measure_bf16_peak(int num_threads, double min_seconds = 0.1);
+
 }  // namespace attend::bench

@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "dropout.hpp"
+#include "half.hpp"
 #include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
 
@@ -43,9 +44,12 @@ struct Tile {
   int64_t batch;
   int64_t first_query;  // q0
   int64_t rows;         // queries in this tile, <= Tq
-  const float* query;   // batch base pointers
+  const float* query;   // batch base pointers (null with bfloat16 products)
   const float* key;
   const float* value;
+  const uint16_t* query_bf16;  // batch base pointers with bfloat16 products, else null
+  const uint16_t* key_bf16;
+  const uint16_t* value_bf16;
   int64_t key_stride;    // rows of key and value: the operands' strides, or E and Ev when
   int64_t value_stride;  // the tile reads a packed copy (see PackKeysAndValues)
   float* output;
@@ -94,8 +98,13 @@ void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query)
                    ? kept
                    : 0.0f;
     if (w) w[j] = weight;
-    const float* v = tile.value + j * tile.value_stride;
-    for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * v[c];
+    if (tile.value) {
+      const float* v = tile.value + j * tile.value_stride;
+      for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * v[c];
+    } else {
+      const uint16_t* v = tile.value_bf16 + j * tile.value_stride;
+      for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * f32_from_bf16(v[c]);
+    }
   }
 }
 
@@ -105,9 +114,17 @@ void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query)
 void SetTileBatch(const SdpaParams& p, int64_t b, Tile& tile) {
   tile.batch = b;
   const SdpaParams::BatchCoordinates at = p.batch_coordinates(b);
-  tile.query = p.query + at.offset(p.query_strides);
-  tile.key = p.key + at.offset(p.key_strides);
-  tile.value = p.value + at.offset(p.value_strides);
+  if (p.bf16()) {
+    tile.query = tile.key = tile.value = nullptr;
+    tile.query_bf16 = p.query_bf16 + at.offset(p.query_strides);
+    tile.key_bf16 = p.key_bf16 + at.offset(p.key_strides);
+    tile.value_bf16 = p.value_bf16 + at.offset(p.value_strides);
+  } else {
+    tile.query = p.query + at.offset(p.query_strides);
+    tile.key = p.key + at.offset(p.key_strides);
+    tile.value = p.value + at.offset(p.value_strides);
+    tile.query_bf16 = tile.key_bf16 = tile.value_bf16 = nullptr;
+  }
   tile.key_stride = p.key_strides.row;
   tile.value_stride = p.value_strides.row;
   tile.output = p.output + at.offset(p.output_strides);

@@ -49,6 +49,8 @@
 #include "kernels/forward_common-inl.h"
 // register transposes and the packed K/V copy;
 #include "kernels/packing-inl.h"
+// bfloat16 products (AVX512_BF16): operand pairs and register blocks;
+#include "kernels/bf16_products-inl.h"
 // the query-tile kernel;
 #include "kernels/query_tiles-inl.h"
 // the row-group kernel;
@@ -74,7 +76,7 @@ void RunAllRows(const SdpaParams& p) {
       });
 }
 
-template <int QV>
+template <int QV, bool BF16>
 void RunAllTiles(const SdpaParams& p) {
   constexpr int64_t tq = QV * kLanes;
   const int64_t tiles_per_batch = (p.query_len + tq - 1) / tq;
@@ -84,8 +86,13 @@ void RunAllTiles(const SdpaParams& p) {
       [&](Workspace& ws, int64_t item, KeySpan span) {
         const int64_t q0 = (item % tiles_per_batch) * tq;
         Tile tile = MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0));
-        if (pack && span.partial == nullptr) PackKeysAndValues(p, ws.packed, tile);
-        TileAttention<QV>(p, ws).Run(tile, span);
+        if constexpr (BF16) {
+          ws.bf16.Pack(p, tile.key_bf16, tile.key_stride, tile.value_bf16, tile.value_stride,
+                       span.begin, span.count);
+        } else if (pack && span.partial == nullptr) {
+          PackKeysAndValues(p, ws.packed, tile);
+        }
+        TileAttention<QV, BF16>(p, ws).Run(tile, span);
       },
       [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
         batch = item / tiles_per_batch;
@@ -100,12 +107,24 @@ bool RowsFit(const SdpaParams& p) { return 2 * p.query_len <= kLanes; }
 
 void FusedSdpaRows(const SdpaParams& p) { RunAllRows(p); }
 
-void FusedSdpaTiles(const SdpaParams& p) {
+template <bool BF16>
+void RunTilesOfHeight(const SdpaParams& p) {
   const int64_t vectors = (p.query_len + kLanes - 1) / kLanes;
-  if (vectors >= 4) return RunAllTiles<4>(p);
-  if (vectors == 3) return RunAllTiles<3>(p);
-  if (vectors == 2) return RunAllTiles<2>(p);
-  return RunAllTiles<1>(p);
+  if (vectors >= 4) return RunAllTiles<4, BF16>(p);
+  if (vectors == 3) return RunAllTiles<3, BF16>(p);
+  if (vectors == 2) return RunAllTiles<2, BF16>(p);
+  return RunAllTiles<1, BF16>(p);
+}
+
+void FusedSdpaTiles(const SdpaParams& p) {
+  if (p.bf16()) {
+#if ATTEND_BF16_PRODUCTS
+    return RunTilesOfHeight<true>(p);
+#else
+    HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
+#endif
+  }
+  RunTilesOfHeight<false>(p);
 }
 
 int64_t FusedLanes() { return kLanes; }
@@ -135,6 +154,7 @@ HWY_EXPORT(FusedLanes);
 HWY_EXPORT(PlanFused);
 
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
+  if (params.bf16()) return "bfloat16 products run in query tiles";
   const int64_t lanes = ATTEND_DISPATCH(FusedLanes)();
   if (2 * params.query_len <= lanes) return nullptr;
   return "more queries than half the SIMD lanes (a query tile fills better)";
@@ -145,6 +165,8 @@ void fused_sdpa_rows(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaRows)(
 const char* fused_sdpa_tiles_rejects(const SdpaParams&) { return nullptr; }
 
 void fused_sdpa_tiles(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaTiles)(params); }
+
+int64_t fused_lanes() { return ATTEND_DISPATCH(FusedLanes)(); }
 
 FusedPlan fused_sdpa_plan(const SdpaParams& params, bool rows) {
   return ATTEND_DISPATCH(PlanFused)(params, rows);

@@ -14,9 +14,13 @@ namespace attend::detail {
 const char* fused_sdpa_rows_rejects(const SdpaParams& params);
 void fused_sdpa_rows(const SdpaParams& params);
 
-// Query tiles (queries along the lanes): every problem.
+// Query tiles (queries along the lanes): every problem, and the only kernel for bfloat16
+// products (SdpaParams::bf16).
 const char* fused_sdpa_tiles_rejects(const SdpaParams& params);
 void fused_sdpa_tiles(const SdpaParams& params);
+
+// Float32 lanes of the dispatched SIMD target.
+int64_t fused_lanes();
 
 // How the rows or tiles kernel will run `params` on the dispatched target.
 struct FusedPlan {

@@ -19,8 +19,10 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "attend/error.hpp"
+#include "half.hpp"
 #include "kernels/gemm.hpp"
 
 // QuadSums, once per target.
@@ -140,6 +142,116 @@ void MicroKernel(const float* HWY_RESTRICT input, int64_t input_stride,
   if constexpr (kRows > 5) store_row(5, acc50, acc51);
 }
 
+// bfloat16 products (AVX-512 targets with AVX512_BF16): the same tile from a bfloat16 input
+// and a panel of bfloat16 pairs, panel[k2][c] = (weight[c][2·k2], weight[c][2·k2 + 1]), two
+// multiply-adds per lane and instruction (bf16_products-inl.h describes vdpbf16ps). An odd
+// depth's last pair has a zero second half in the panel and takes only input[i][K − 1].
+#undef ATTEND_GEMM_BF16
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+#define ATTEND_GEMM_BF16 1
+template <int kRows>
+__attribute__((noinline, target("avx512bf16"))) void MicroKernelBf16(
+    const uint16_t* input, int64_t input_stride, const uint32_t* HWY_RESTRICT panel, int64_t depth,
+    const float* HWY_RESTRICT bias_panel, bool accumulate, float* HWY_RESTRICT output,
+    int64_t output_stride, int64_t valid_columns) {
+  constexpr int64_t kWidth = 32;  // columns per panel: two vectors of 16
+  __m512 acc[kRows][2];
+  HWY_ALIGN float staging[kWidth] = {};
+  _Pragma("GCC unroll 8") for (int r = 0; r < kRows; ++r) {
+    float* out = output + r * output_stride;
+    if (accumulate) {
+      std::memcpy(staging, out, static_cast<size_t>(valid_columns) * sizeof(float));
+      acc[r][0] = _mm512_load_ps(staging);
+      acc[r][1] = _mm512_load_ps(staging + 16);
+    } else {
+      acc[r][0] = bias_panel ? _mm512_load_ps(bias_panel) : _mm512_setzero_ps();
+      acc[r][1] = bias_panel ? _mm512_load_ps(bias_panel + 16) : _mm512_setzero_ps();
+    }
+  }
+  const int64_t pairs = (depth + 1) / 2;
+  for (int64_t k2 = 0; k2 < pairs; ++k2) {
+    const auto w0 = reinterpret_cast<__m512bh>(_mm512_load_si512(panel + k2 * kWidth));
+    const auto w1 = reinterpret_cast<__m512bh>(_mm512_load_si512(panel + k2 * kWidth + 16));
+    const bool half = 2 * k2 + 1 == depth;
+    _Pragma("GCC unroll 8") for (int r = 0; r < kRows; ++r) {
+      const uint16_t* row = input + r * input_stride + 2 * k2;
+      uint32_t pair = row[0];
+      if (!half) std::memcpy(&pair, row, sizeof(pair));
+      const auto a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(pair)));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
+    }
+  }
+  _Pragma("GCC unroll 8") for (int r = 0; r < kRows; ++r) {
+    _mm512_store_ps(staging, acc[r][0]);
+    _mm512_store_ps(staging + 16, acc[r][1]);
+    std::memcpy(output + r * output_stride, staging,
+                static_cast<size_t>(valid_columns) * sizeof(float));
+  }
+}
+using MicroKernelBf16Fn = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, const float*,
+                                   bool, float*, int64_t, int64_t);
+constexpr MicroKernelBf16Fn kMicroKernelsBf16[kMicroRows + 1] = {nullptr,
+                                                                 MicroKernelBf16<1>,
+                                                                 MicroKernelBf16<2>,
+                                                                 MicroKernelBf16<3>,
+                                                                 MicroKernelBf16<4>,
+                                                                 MicroKernelBf16<5>,
+                                                                 MicroKernelBf16<6>};
+
+// The packed path with bfloat16 products: panels of 32 columns of bfloat16 pairs.
+void LinearBf16(const LinearParams& p, int threads) {
+  constexpr int64_t kWidth = 32;
+  const int64_t panels = (p.columns + kWidth - 1) / kWidth;
+  const int64_t row_blocks = (p.rows + kRowBlock - 1) / kRowBlock;
+  const int64_t pairs = std::max<int64_t>((p.depth + 1) / 2, 1);
+  auto packed = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(panels * pairs * kWidth));
+  auto packed_bias = hwy::AllocateAligned<float>(static_cast<size_t>(panels * kWidth));
+  if (!packed || !packed_bias) {
+    throw Error("linear: cannot allocate " + std::to_string(panels * pairs * kWidth * 4) +
+                " bytes to pack the weight");
+  }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t panel = 0; panel < panels; ++panel) {
+    uint32_t* out = packed.get() + panel * pairs * kWidth;
+    for (int64_t c = 0; c < kWidth; ++c) {
+      const int64_t column = panel * kWidth + c;
+      packed_bias[static_cast<size_t>(panel * kWidth + c)] =
+          (column < p.columns && p.bias) ? p.bias[column] : 0.0f;
+      const float* w = column < p.columns ? p.weight + column * p.weight_row_stride : nullptr;
+      for (int64_t k2 = 0; k2 < pairs; ++k2) {
+        const uint32_t lo = w && 2 * k2 < p.depth ? bf16_from_f32(w[2 * k2]) : 0u;
+        const uint32_t hi = w && 2 * k2 + 1 < p.depth ? bf16_from_f32(w[2 * k2 + 1]) : 0u;
+        out[k2 * kWidth + c] = lo | (hi << 16);
+      }
+    }
+  }
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
+  for (int64_t panel = 0; panel < panels; ++panel) {
+    for (int64_t block = 0; block < row_blocks; ++block) {
+      const uint32_t* panel_data = packed.get() + panel * pairs * kWidth;
+      const float* bias_panel = p.bias ? packed_bias.get() + panel * kWidth : nullptr;
+      const int64_t first_column = panel * kWidth;
+      const int64_t valid_columns = std::min(kWidth, p.columns - first_column);
+      const int64_t block_end = std::min(p.rows, (block + 1) * kRowBlock);
+      for (int64_t k0 = 0; k0 == 0 || k0 < p.depth; k0 += kDepthBlock) {
+        const int64_t depth_here = std::min(kDepthBlock, p.depth - k0);
+        for (int64_t row = block * kRowBlock; row < block_end; row += kMicroRows) {
+          const int64_t rows_here = std::min(kMicroRows, block_end - row);
+          kMicroKernelsBf16[rows_here](p.input_bf16 + row * p.input_row_stride + k0,
+                                       p.input_row_stride, panel_data + k0 / 2 * kWidth, depth_here,
+                                       bias_panel, k0 > 0,
+                                       p.output + row * p.output_row_stride + first_column,
+                                       p.output_row_stride, valid_columns);
+        }
+      }
+    }
+  }
+}
+#else
+#define ATTEND_GEMM_BF16 0
+#endif
+
 using MicroKernelFn = void (*)(const float*, int64_t, const float*, int64_t, const float*, bool,
                                float*, int64_t, int64_t);
 constexpr MicroKernelFn kMicroKernels[kMicroRows + 1] = {
@@ -216,6 +328,13 @@ void LinearImpl(const LinearParams& p) {
   const double multiply_adds =
       static_cast<double>(p.rows) * static_cast<double>(p.columns) * static_cast<double>(p.depth);
   const int threads = multiply_adds < (1 << 21) ? 1 : p.num_threads;
+  if (p.input_bf16 != nullptr) {  // linear() sends only what LinearBf16 takes
+#if ATTEND_GEMM_BF16
+    return LinearBf16(p, threads);
+#else
+    HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
+#endif
+  }
   if (p.rows <= kFewRows) return FewRowsLinear(p, threads);
 
   const hn::ScalableTag<float> d;
@@ -278,13 +397,33 @@ void LinearImpl(const LinearParams& p) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include "cpu_features.hpp"
 #include "simd_dispatch.hpp"
 
 namespace attend::detail {
 
 HWY_EXPORT(LinearImpl);
 
-void linear(const LinearParams& params) { ATTEND_DISPATCH(LinearImpl)(params); }
+void linear(const LinearParams& params) {
+  // Rows up to which products stay float32 (see LinearParams::input_bf16): kFewRows.
+  constexpr int64_t kFewBf16Rows = 8;
+  if (params.input_bf16 != nullptr && (params.rows <= kFewBf16Rows || !native_bf16_products())) {
+    // Float32 products: the bfloat16 input widened (exactly).
+    std::vector<float> widened(static_cast<size_t>(params.rows * params.depth));
+    for (int64_t m = 0; m < params.rows; ++m) {
+      for (int64_t k = 0; k < params.depth; ++k) {
+        widened[static_cast<size_t>(m * params.depth + k)] =
+            f32_from_bf16(params.input_bf16[m * params.input_row_stride + k]);
+      }
+    }
+    LinearParams p = params;
+    p.input_bf16 = nullptr;
+    p.input = widened.data();
+    p.input_row_stride = params.depth;
+    return ATTEND_DISPATCH(LinearImpl)(p);
+  }
+  ATTEND_DISPATCH(LinearImpl)(params);
+}
 
 }  // namespace attend::detail
 #endif  // HWY_ONCE

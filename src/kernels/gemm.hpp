@@ -3,7 +3,8 @@
 //
 //   output(M, N) = input(M, K) · weight(N, K)ᵀ + bias(N)
 //
-// Row-major operands; `weight` is PyTorch's (out_features, in_features) matrix. Each output
+// Row-major operands; `weight` is PyTorch's (out_features, in_features) matrix. The input may
+// be bfloat16 (LinearParams::input_bf16). Each output
 // element is accumulated by one fixed sequence (bias, then k = 0, 1, ..., K-1 with fused
 // multiply-adds), so the result does not depend on the thread count; it may differ in the last
 // bits between SIMD targets.
@@ -25,6 +26,11 @@ struct LinearParams {
   float* output = nullptr;      // (M, N), row stride output_row_stride, column stride 1
   int64_t output_row_stride = 0;
   int num_threads = 1;  // ≥ 1
+  // A bfloat16 (M, K) input (row stride input_row_stride) instead of `input`: bfloat16
+  // products (vdpbf16ps) where native_bf16_products() holds, the weight rounded to bfloat16
+  // as it is packed, float32 accumulation and output. Up to 8 rows, or on a CPU without
+  // them, float32 products (the input widened exactly, the weight as given).
+  const uint16_t* input_bf16 = nullptr;
 };
 
 // Computes the product described by `params`. Throws attend::Error when the packing buffer

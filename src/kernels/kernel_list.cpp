@@ -67,6 +67,7 @@ std::string chosen_kernel(const SdpaParams& params, Backend backend) {
   std::string name = c.name;
   if (c.backend == Backend::kFused) {
     const FusedPlan plan = fused_sdpa_plan(params, c.run == fused_sdpa_rows);
+    if (params.bf16()) name += " (bfloat16 products)";
     if (plan.chunks > 1) name += " + key split (" + std::to_string(plan.chunks) + " chunks)";
   }
   return name;

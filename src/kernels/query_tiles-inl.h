@@ -58,6 +58,7 @@ struct Workspace {
   RowRules row_rules;                            // the tile's rows' visible keys and documents
   KeepTile keep;                                 // [Tk][Tq]  pairwise rules' verdicts
   PackedOperands packed;                         // see PackKeysAndValues
+  Bf16Operands bf16;                             // bfloat16 products only: see Bf16Operands
 
   explicit Workspace(const SdpaParams& p) {
     const int64_t tq = kMaxQueryVectors * kLanes;
@@ -74,10 +75,12 @@ struct Workspace {
     visited = hwy::AllocateAligned<int64_t>(static_cast<size_t>(p.weights ? key_tiles : 1));
     row_rules.Allocate(tq);
     if (has_pairwise_rules(p)) keep.Allocate(kKeyTile, tq);
+    bf16_ok = bf16.Allocate(p, tq, kKeyTile);
   }
+  bool bf16_ok = true;
   bool ok() const {
     return query_t && score_t && out_t && row_max && row_sum && alpha && visible && tile_max &&
-           visited && row_rules.ok() && keep.ok();
+           visited && row_rules.ok() && keep.ok() && bf16_ok;
   }
 };
 
@@ -136,7 +139,9 @@ HWY_INLINE void ValueBlock(const float* HWY_RESTRICT score_t, const float* value
   }
 }
 
-template <int QV>
+// BF16: the two products on AVX512_BF16 (bf16_products-inl.h), from the bfloat16 operands of
+// the tile and of ws.bf16 (packed by the caller); else in float32.
+template <int QV, bool BF16 = false>
 class TileAttention {
  public:
   static constexpr int64_t kTq = QV * kLanes;
@@ -230,6 +235,12 @@ class TileAttention {
   // until ModifyScores has run, which then applies log2(e).
   void LoadQueries(const Tile& tile) {
     const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
+    if constexpr (BF16) {
+      score_factor_ = factor;
+      LoadQueryPairs(p_, tile.query_bf16, tile.first_query, tile.rows, kTq,
+                     ws_.bf16.query_pairs.get());
+      return;
+    }
     float* query_t = ws_.query_t.get();
 #if ATTEND_BLOCK_SHUFFLES
     if (p_.head_dim % kLanes == 0) {
@@ -263,6 +274,25 @@ class TileAttention {
   // score_t[j][r] for keys [k0, k0 + keys): Q·Kᵀ, then the modifications and the exclusions of
   // score_rule_layer.hpp (log2 domain from here on).
   void ComputeScores(const Tile& tile, int64_t k0, int64_t keys, TileVerdict verdict) {
+    if constexpr (BF16) {
+      ComputeScoresBf16(k0, keys);
+    } else {
+      ComputeScoresF32(tile, k0, keys);
+    }
+    if (has_score_mods(p_)) {
+      ModifyScores(p_, tile.batch, tile.bias, tile.first_query, tile.rows, k0, keys, kTq,
+                   ws_.score_t.get());
+    } else if (tile.bias != nullptr) {
+      AddBias(p_, tile.bias, tile.first_query, tile.rows, k0, keys, kTq, kLog2e, ws_.score_t.get());
+    }
+    if (may_exclude(p_)) {
+      ApplyExclusions(p_, tile.batch, ws_.row_rules, ws_.keep, k0, keys, kTq, verdict,
+                      ws_.score_t.get(), ws_.visible.get(), tile.rows);
+    }
+  }
+
+  // score_t[j][r] = Q·Kᵀ (scaled) for keys [k0, k0 + keys), float32 products.
+  void ComputeScoresF32(const Tile& tile, int64_t k0, int64_t keys) {
     const float* key = tile.key + k0 * tile.key_stride;
     const int64_t key_stride = tile.key_stride;
     float* score_t = ws_.score_t.get();
@@ -281,15 +311,30 @@ class TileAttention {
       ScoreBlock<QV, 1>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
                         score_t + j * kTq);
     }
-    if (has_score_mods(p_)) {
-      ModifyScores(p_, tile.batch, tile.bias, tile.first_query, tile.rows, k0, keys, kTq, score_t);
-    } else if (tile.bias != nullptr) {
-      AddBias(p_, tile.bias, tile.first_query, tile.rows, k0, keys, kTq, kLog2e, score_t);
+  }
+
+  // The same with bfloat16 products: K from the span packed in ws_.bf16.
+  void ComputeScoresBf16(int64_t k0, int64_t keys) {
+#if ATTEND_BF16_PRODUCTS
+    const int64_t pairs = PairsOf(p_.head_dim);
+    const uint32_t* key = ws_.bf16.key + (k0 - ws_.bf16.begin) * pairs;
+    const uint32_t* query_pairs = ws_.bf16.query_pairs.get();
+    float* score_t = ws_.score_t.get();
+    int64_t j = 0;
+    for (; j + kScoreKeys <= keys; j += kScoreKeys) {
+      ScoreBlockBf16<QV, kScoreKeys>(query_pairs, key + j * pairs, pairs, score_factor_,
+                                     score_t + j * kTq);
     }
-    if (may_exclude(p_)) {
-      ApplyExclusions(p_, tile.batch, ws_.row_rules, ws_.keep, k0, keys, kTq, verdict, score_t,
-                      ws_.visible.get(), tile.rows);
+    for (; j + 2 <= keys; j += 2) {
+      ScoreBlockBf16<QV, 2>(query_pairs, key + j * pairs, pairs, score_factor_, score_t + j * kTq);
     }
+    for (; j < keys; ++j) {
+      ScoreBlockBf16<QV, 1>(query_pairs, key + j * pairs, pairs, score_factor_, score_t + j * kTq);
+    }
+#else
+    (void)k0, (void)keys;
+    HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
+#endif
   }
 
   // Online-softmax step over `keys` rows of score_t: new max, alpha = 2^(m − m'),
@@ -419,6 +464,10 @@ class TileAttention {
   }
 
   void AccumulateValues(const Tile& tile, int64_t k0, int64_t keys, const float* alpha) {
+    if constexpr (BF16) {
+      AccumulateValuesBf16(k0, keys, alpha);
+      return;
+    }
     const float* value = tile.value + k0 * tile.value_stride;
     const int64_t value_stride = tile.value_stride;
     const float* score_t = ws_.score_t.get();
@@ -440,6 +489,32 @@ class TileAttention {
     for (; c < p_.value_dim; ++c) {
       ValueBlock<QV, QV, 1>(score_t, value + c, value_stride, keys, alpha, 0, out_t + c * kTq);
     }
+  }
+
+  // The same with bfloat16 products: the probabilities rounded to pairs, V from ws_.bf16.
+  void AccumulateValuesBf16(int64_t k0, int64_t keys, const float* alpha) {
+#if ATTEND_BF16_PRODUCTS
+    ProbabilityPairs<QV>(ws_.score_t.get(), keys, ws_.bf16.prob_pairs.get());
+    const int64_t pairs = PairsOf(keys);
+    const int64_t ev = p_.value_dim;
+    const uint32_t* value = ws_.bf16.value + (k0 - ws_.bf16.begin) / 2 * ev;
+    const uint32_t* prob_pairs = ws_.bf16.prob_pairs.get();
+    float* out_t = ws_.out_t.get();
+    int64_t c = 0;
+    for (; c + kValueColumns <= ev; c += kValueColumns) {
+      ValueBlockBf16<QV, QV, kValueColumns>(prob_pairs, value + c, ev, pairs, alpha, 0,
+                                            out_t + c * kTq);
+    }
+    for (; c + 2 <= ev; c += 2) {
+      ValueBlockBf16<QV, QV, 2>(prob_pairs, value + c, ev, pairs, alpha, 0, out_t + c * kTq);
+    }
+    for (; c < ev; ++c) {
+      ValueBlockBf16<QV, QV, 1>(prob_pairs, value + c, ev, pairs, alpha, 0, out_t + c * kTq);
+    }
+#else
+    (void)k0, (void)keys, (void)alpha;
+    HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
+#endif
   }
 
   // out[r][ev] = out_t[ev][r]·keep_scale (/ l_r when `divide`) for rows r < rows, row r at
@@ -482,6 +557,7 @@ class TileAttention {
 
   const SdpaParams& p_;
   Workspace& ws_;
+  float score_factor_ = 1.0f;  // bfloat16 products: scale (·log2 e) applied to the scores
 };
 
 }  // namespace HWY_NAMESPACE

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <string>
 
@@ -105,6 +106,7 @@ enum Field : int {
   kUserMask,
   kBackend,
   kLayout,
+  kCompute,
   kFieldCount
 };
 static_assert(kFieldCount <= kFields);
@@ -136,7 +138,9 @@ constexpr const char* kFieldNames[] = {"the rank of query",
                                        "user_rules' score_mod",
                                        "user_rules' mask_mod",
                                        "backend",
-                                       "the shard layout"};
+                                       "the shard layout",
+                                       "compute (the products' precision)"};
+static_assert(std::size(kFieldNames) == kFieldCount);
 
 int64_t bits_of(double x) {
   int64_t bits;
@@ -227,6 +231,7 @@ Signature signature_of(const TensorView& query, const TensorView& key, const Ten
     f[kUserMask] = o.user_rules && o.user_rules->mask;
     f[kBackend] = static_cast<int64_t>(o.backend);
     f[kLayout] = static_cast<int64_t>(layout);
+    f[kCompute] = static_cast<int64_t>(o.compute);
   } catch (const Error& e) {
     set_message(s, e.what());
   }

@@ -12,6 +12,7 @@
 
 #include "attend/error.hpp"
 #include "attend/safetensors.hpp"
+#include "cpu_features.hpp"
 #include "multihead/multihead_internal.hpp"
 #include "multihead/parameter_init.hpp"
 #include "quote.hpp"
@@ -175,6 +176,9 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
     }
   }
   const detail::AttentionMask mask = detail::build_attention_mask(options, problem);
+  // bfloat16 products (the projections, the attention): never for a tape, whose float32
+  // projections the backward reads.
+  const bool bf16 = detail::wants_bf16_products(query.dtype, options.compute) && tape == nullptr;
 
   // 1. Project Q, K, V: one GEMM per distinct input, written as (N, length, parts, H, D).
   Tensor query_storage, key_storage, value_storage;
@@ -182,7 +186,7 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   detail::Projected q, k, v;
   const float* in_bias = bias_ ? in_proj_bias_.data_as<float>() : nullptr;
   auto bias_part = [&](int part) { return in_bias ? in_bias + part * E : nullptr; };
-  const detail::RowMatrix query_rows = detail::as_row_matrix(query, query_storage);
+  const detail::RowMatrix query_rows = detail::as_row_matrix(query, query_storage, bf16);
   const detail::ProjectionGrouping grouping =
       detail::projection_grouping(query, key, value, packed_);
   if (grouping == detail::ProjectionGrouping::kPackedSelf) {
@@ -198,7 +202,7 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
     detail::project(query_rows, N * L, q_proj_weight().data_as<float>(), E, E, bias_part(0),
                     query_projection.data_as<float>(), E, num_threads);
     q = {query_projection.data_as<float>(), L * E, E};
-    const detail::RowMatrix key_rows = detail::as_row_matrix(key, key_storage);
+    const detail::RowMatrix key_rows = detail::as_row_matrix(key, key_storage, bf16);
     if (grouping == detail::ProjectionGrouping::kPackedMemory) {
       // Cross-attention over one memory: K and V from rows [E, 3E) of in_proj_weight at once.
       key_projection = Tensor(DType::kFloat32, Shape({N, S, 2, H, D}));
@@ -207,7 +211,7 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
       k = {key_projection.data_as<float>(), S * 2 * E, 2 * E};
       v = {key_projection.data_as<float>() + E, S * 2 * E, 2 * E};
     } else {
-      const detail::RowMatrix value_rows = detail::as_row_matrix(value, value_storage);
+      const detail::RowMatrix value_rows = detail::as_row_matrix(value, value_storage, bf16);
       key_projection = Tensor(DType::kFloat32, Shape({N, S, H, D}));
       value_projection = Tensor(DType::kFloat32, Shape({N, S, H, D}));
       detail::project(key_rows, N * S, k_proj_weight().data_as<float>(), E, kdim_, bias_part(1),
@@ -219,12 +223,43 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
     }
   }
 
+  // With bfloat16 products, Q, K and V rounded to bfloat16 (the projections accumulate in
+  // float32 first): views of the same layout into bfloat16 copies.
+  TensorView q_heads = q.heads_view(N, H, L, D), k_heads = k.heads_view(N, H, S, D),
+             v_heads = v.heads_view(N, H, S, D);
+  Tensor query_bf16, key_bf16, value_bf16;
+  if (bf16) {
+    const auto rounded = [](const Tensor& t, Tensor& copy) {
+      if (t.empty()) return;
+      copy = Tensor(DType::kBFloat16, t.shape());
+      convert(t.view(), copy.view());
+    };
+    rounded(query_projection, query_bf16);
+    rounded(key_projection, key_bf16);
+    rounded(value_projection, value_bf16);
+    const auto in_copy = [&](const detail::Projected& part, int64_t length) {
+      for (auto [source, copy] :
+           {std::pair{&query_projection, &query_bf16}, std::pair{&key_projection, &key_bf16},
+            std::pair{&value_projection, &value_bf16}}) {
+        const float* base = source->empty() ? nullptr : source->data_as<float>();
+        if (base != nullptr && part.data >= base && part.data < base + source->numel()) {
+          return part.heads_view_in(*copy, base, N, H, length, D);
+        }
+      }
+      throw Error("multi-head attention: a projection outside its tensors");  // unreachable
+    };
+    q_heads = in_copy(q, L);
+    k_heads = in_copy(k, S);
+    v_heads = in_copy(v, S);
+  }
+
   // 2. Attend: every head at once, reading (N, H, ·, D) views, writing (N, L, H, D) = (N, L, E)
   //    (and, for the tape, the log-sum-exp of each row (N, H, L)).
-  Tensor heads(DType::kFloat32, Shape({N, L, H, D}));
+  const DType heads_dtype = bf16 ? DType::kBFloat16 : DType::kFloat32;
+  Tensor heads(heads_dtype, Shape({N, L, H, D}));
   AttentionOutputViews attention_outputs;
   attention_outputs.output =
-      TensorView(heads.data(), DType::kFloat32, Shape({N, H, L, D}), Shape({L * E, D, E, 1}));
+      TensorView(heads.data(), heads_dtype, Shape({N, H, L, D}), Shape({L * E, D, E, 1}));
   MultiHeadResult result;
   Tensor per_head_weights;
   if (options.need_weights) {
@@ -245,8 +280,8 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   }
   AttentionOptions attention = detail::attention_options(options, mask, num_threads);
   attention.need_logsumexp = tape != nullptr;
-  scaled_dot_product_attention_into(q.heads_view(N, H, L, D), k.heads_view(N, H, S, D),
-                                    v.heads_view(N, H, S, D), attention_outputs, attention);
+  if (bf16) attention.compute = ComputePrecision::kAuto;  // bfloat16 views: native products
+  scaled_dot_product_attention_into(q_heads, k_heads, v_heads, attention_outputs, attention);
   if (options.need_weights && options.average_weights_over_heads) {
     // weights(n, i, j) = (1/H) Σ_h per_head(n, h, i, j), summed in head order.
     const float* per_head = per_head_weights.data_as<float>();
@@ -263,9 +298,21 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
 
   // 3. Concatenate the heads (already adjacent in (N, L, H, D)) and project.
   result.output = Tensor(DType::kFloat32, problem.output_shape());
-  detail::project({heads.data_as<float>(), E}, N * L, out_proj_weight_.data_as<float>(), E, E,
+  detail::RowMatrix head_rows;
+  head_rows.row_stride = E;
+  if (bf16) {
+    head_rows.data_bf16 = heads.data_as<const uint16_t>();
+  } else {
+    head_rows.data = heads.data_as<const float>();
+  }
+  detail::project(head_rows, N * L, out_proj_weight_.data_as<float>(), E, E,
                   bias_ ? out_proj_bias_.data_as<float>() : nullptr, result.output.data_as<float>(),
                   E, num_threads);
+  if (bf16 && !options.float32_output) {
+    Tensor rounded(DType::kBFloat16, result.output.shape());
+    convert(result.output.view(), rounded.view());
+    result.output = std::move(rounded);
+  }
 
   if (tape != nullptr) {
     tape->query_projection = std::move(query_projection);

@@ -188,19 +188,29 @@ AttentionOptions attention_options(const MultiHeadForwardOptions& options,
   return attention;
 }
 
-RowMatrix as_row_matrix(const TensorView& x, Tensor& storage) {
+RowMatrix as_row_matrix(const TensorView& x, Tensor& storage, bool bf16) {
   const int rank = x.rank();
   const int64_t features = x.shape.back(0), length = x.shape.back(1);
   const bool unit_columns = x.strides.back(0) == 1 || features <= 1;
   const bool rows_merge =
       rank == 2 || x.shape[0] <= 1 || length <= 1 || x.strides[0] == length * x.strides[1];
-  if (x.dtype == DType::kFloat32 && unit_columns && rows_merge) {
-    const int64_t row_stride = length > 1 || rank == 2 ? x.strides.back(1) : x.strides[0];
-    return {x.data_as<const float>(), row_stride};
+  const DType dtype = bf16 ? DType::kBFloat16 : DType::kFloat32;
+  const auto matrix = [&](const void* data, int64_t row_stride) {
+    RowMatrix m;
+    m.row_stride = row_stride;
+    if (bf16) {
+      m.data_bf16 = static_cast<const uint16_t*>(data);
+    } else {
+      m.data = static_cast<const float*>(data);
+    }
+    return m;
+  };
+  if (x.dtype == dtype && unit_columns && rows_merge) {
+    return matrix(x.data, length > 1 || rank == 2 ? x.strides.back(1) : x.strides[0]);
   }
-  storage = Tensor(DType::kFloat32, x.shape);
+  storage = Tensor(dtype, x.shape);
   convert(x, storage.view());
-  return {storage.data_as<const float>(), features};
+  return matrix(storage.data(), features);
 }
 
 void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t out_features,
@@ -211,6 +221,7 @@ void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t 
   p.columns = out_features;
   p.depth = in_features;
   p.input = input.data;
+  p.input_bf16 = input.data_bf16;
   p.input_row_stride = input.row_stride;
   p.weight = weight;
   p.weight_row_stride = in_features;

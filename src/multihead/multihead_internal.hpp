@@ -58,13 +58,15 @@ AttentionMask build_attention_mask(const MultiHeadForwardOptions& options,
 AttentionOptions attention_options(const MultiHeadForwardOptions& options,
                                    const AttentionMask& mask, int num_threads);
 
-// A float32 (rows, features) matrix with column stride 1 over the (N, L, F) or (L, F) view `x`:
-// `x` itself when its layout allows, else a float32 copy kept in `storage`.
+// A (rows, features) matrix with column stride 1 over the (N, L, F) or (L, F) view `x`, in
+// float32 (data) or, with `bf16`, in bfloat16 (data_bf16, for bfloat16 products): `x` itself
+// when its dtype and layout allow, else a converted copy kept in `storage`.
 struct RowMatrix {
   const float* data = nullptr;
   int64_t row_stride = 0;
+  const uint16_t* data_bf16 = nullptr;  // instead of data
 };
-RowMatrix as_row_matrix(const TensorView& x, Tensor& storage);
+RowMatrix as_row_matrix(const TensorView& x, Tensor& storage, bool bf16 = false);
 
 // output(rows, out) = input(rows, in) · weight(out, in)ᵀ + bias(out); weight row stride `in`.
 void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t out_features,
@@ -83,6 +85,15 @@ struct Projected {
     return TensorView(const_cast<float*>(data), DType::kFloat32,
                       Shape({batch, heads, length, head_dim}),
                       Shape({batch_stride, head_dim, token_stride, 1}));
+  }
+  // The same view into `copy`, a converted copy (any dtype) of the tensor starting at `base`.
+  TensorView heads_view_in(const Tensor& copy, const float* base, int64_t batch, int64_t heads,
+                           int64_t length, int64_t head_dim) const {
+    TensorView view = heads_view(batch, heads, length, head_dim);
+    view.data = static_cast<char*>(const_cast<void*>(copy.data())) +
+                (data - base) * static_cast<int64_t>(dtype_size(copy.dtype()));
+    view.dtype = copy.dtype();
+    return view;
   }
 };
 

@@ -11,6 +11,7 @@
 
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
+#include "cpu_features.hpp"
 #include "kernels/gemm.hpp"
 #include "multihead/parameter_init.hpp"
 
@@ -137,11 +138,20 @@ Tensor SpatialSelfAttention::forward(const TensorView& x, int num_threads) const
     }
   }
 
-  // 2. Self-attention over the H·W tokens.
+  // 2. Self-attention over the H·W tokens; a bfloat16 input in bfloat16 products where the
+  // CPU has them (the tokens rounded to bfloat16, the attention's output kept in float32 for
+  // the residual).
   MultiHeadForwardOptions attend_options;
   attend_options.need_weights = false;
   attend_options.num_threads = num_threads;
-  const TensorView t = tokens.view();
+  const bool bf16 = detail::wants_bf16_products(x.dtype, ComputePrecision::kAuto);
+  Tensor tokens_bf16;
+  if (bf16) {
+    tokens_bf16 = Tensor(DType::kBFloat16, tokens.shape());
+    convert(tokens.view(), tokens_bf16.view());
+    attend_options.float32_output = true;
+  }
+  const TensorView t = bf16 ? tokens_bf16.view() : tokens.view();
   const Tensor attended = attention_.forward(t, t, t, attend_options).output;
 
   // 3. Back to (N, C, H, W) and the residual: out(n, c, p) = x(n, c, p) + attended(n, p, c),
@@ -159,7 +169,10 @@ Tensor SpatialSelfAttention::forward(const TensorView& x, int num_threads) const
       }
     }
   }
-  return out;
+  if (!bf16) return out;
+  Tensor rounded(DType::kBFloat16, x.shape);
+  convert(out.view(), rounded.view());
+  return rounded;
 }
 
 PatchEmbedding::PatchEmbedding(int64_t in_channels, int64_t patch_size, int64_t embed_dim,

@@ -81,6 +81,13 @@ struct CaseResult {
   int64_t peak_rss_bytes = 0;
   double target_measure = 0;  // the figure the target is about
   std::string kernel;         // attend::attention_kernel of the case's attention
+  // Reduced-precision cases: the baseline case's median time in this run and the speedup
+  // over it (baseline time / this time); the peak is the bfloat16 one where the case's
+  // products ran as bfloat16 (bf16_peak), else the FMA peak.
+  double baseline_seconds = 0;
+  double speedup = 0;
+  bool bf16_peak = false;
+  bench::CaseTarget target;  // the case's, or the fallback's where the CPU lacks the instruction
 };
 
 BenchSettings parse_settings(const BenchArguments& arguments) {
@@ -157,6 +164,14 @@ struct Probes {
                       peak.target.c_str(), plural_threads(threads).c_str());
         return std::string(text);
       }};
+  ProbeTable<bench::FmaPeak> bf16_peaks{
+      [](int threads) { return bench::measure_bf16_peak(threads); },
+      [](const bench::FmaPeak& peak, int threads) {
+        char text[96];
+        std::snprintf(text, sizeof(text), "bfloat16 dot-product peak: %.0f GFLOP/s (%s, %s)",
+                      peak.gflops, peak.target.c_str(), plural_threads(threads).c_str());
+        return std::string(text);
+      }};
   ProbeTable<bench::ReadBandwidth> read_bandwidths{
       [](int threads) { return bench::measure_read_bandwidth(threads); },
       [](const bench::ReadBandwidth& bandwidth, int threads) {
@@ -188,31 +203,57 @@ bench::RepeatedTiming time_problem(const bench::AttentionShape& shape, bool need
 // Identifies a timed problem, so that a case can reuse another one's time.
 std::string problem_key(const bench::AttentionShape& s, bool need_weights, int threads) {
   char key[160];
-  std::snprintf(key, sizeof(key), "%lld,%lld,%lld,%lld,%lld,%d,%d,%d",
+  std::snprintf(key, sizeof(key), "%lld,%lld,%lld,%lld,%lld,%d,%d,%d,%s",
                 static_cast<long long>(s.batch), static_cast<long long>(s.heads),
                 static_cast<long long>(s.query_len), static_cast<long long>(s.key_len),
-                static_cast<long long>(s.head_dim), s.causal ? 1 : 0, need_weights ? 1 : 0,
-                threads);
+                static_cast<long long>(s.head_dim), s.causal ? 1 : 0, need_weights ? 1 : 0, threads,
+                dtype_name(s.dtype));
   return key;
+}
+
+// Median seconds per call of case `c` on `threads` threads (kernel: as time_problem).
+bench::RepeatedTiming time_case(const BenchCase& c, int threads, const BenchSettings& settings,
+                                std::string* kernel = nullptr) {
+  if (c.workload == bench::Workload::kAttention) {
+    return time_problem(c.shape, c.need_weights, threads, settings, kernel);
+  }
+  return bench::time_repeated(bench::make_module_workload(c, threads), settings.repetitions,
+                              settings.min_seconds);
 }
 
 CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& probes,
                     std::map<std::string, double>& seconds_by_problem) {
   CaseResult result;
   result.bench_case = &c;
+  result.target = c.target;
   result.threads = c.single_thread ? 1 : settings.threads;
-  result.peak_gflops = probes.peaks.at(result.threads).gflops;
   const bool memory_bound = c.memory_bound();
   if (memory_bound) result.read_gbps = probes.read_bandwidths.at(result.threads).gbps;
-  if (c.workload == bench::Workload::kAttention) {
-    result.timing = time_problem(c.shape, c.need_weights, result.threads, settings, &result.kernel);
-  } else {
-    result.timing = bench::time_repeated(bench::make_module_workload(c, result.threads),
-                                         settings.repetitions, settings.min_seconds);
-  }
+  result.timing = time_case(c, result.threads, settings, &result.kernel);
+  result.bf16_peak = result.kernel.find("bfloat16 products") != std::string::npos;
+  result.peak_gflops = result.bf16_peak ? probes.bf16_peaks.at(result.threads).gflops
+                                        : probes.peaks.at(result.threads).gflops;
   const double seconds = result.timing.median_seconds;
+  seconds_by_problem[c.name + "@" + std::to_string(result.threads)] = seconds;
   if (c.workload == bench::Workload::kAttention) {
     seconds_by_problem[problem_key(c.shape, c.need_weights, result.threads)] = seconds;
+  }
+  if (!c.baseline.empty()) {
+    // The float32 case in this run: reused when it ran before, else timed now.
+    const auto measured =
+        seconds_by_problem.find(c.baseline + "@" + std::to_string(result.threads));
+    if (measured != seconds_by_problem.end()) {
+      result.baseline_seconds = measured->second;
+    } else {
+      std::fprintf(stderr, "      %s (the baseline) ...\n", c.baseline.c_str());
+      result.baseline_seconds =
+          time_case(*bench::find_bench_case(c.baseline), result.threads, settings).median_seconds;
+    }
+    result.speedup = result.baseline_seconds / seconds;
+    // Without the instruction (float32 products), no slower than float32 is the target.
+    if (c.target.kind == TargetKind::kMinSpeedup && !result.bf16_peak) {
+      result.target = {TargetKind::kMinSpeedup, 0.9};
+    }
   }
   result.gflops = c.flops() / seconds / 1e9;
   result.pct_peak = 100.0 * result.gflops / result.peak_gflops;
@@ -236,7 +277,7 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
     result.weights_ratio = seconds / (baseline_seconds + write_seconds);
   }
   if (c.name == "unet" || c.name == "unet-bwd") result.peak_rss_bytes = bench::peak_rss_bytes();
-  switch (c.target.kind) {
+  switch (result.target.kind) {
     case TargetKind::kMaxMicroseconds:
       result.target_measure = seconds * 1e6;
       break;
@@ -248,6 +289,9 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
       break;
     case TargetKind::kMaxWeightsRatio:
       result.target_measure = result.weights_ratio;
+      break;
+    case TargetKind::kMinSpeedup:
+      result.target_measure = result.speedup;
       break;
     case TargetKind::kNone:
       break;
@@ -277,9 +321,16 @@ nlohmann::json to_json(const CaseResult& r, const std::string& simd_target,
       {"peak_gflops", r.peak_gflops},
       {"pct_peak", r.pct_peak},
       {"simd_target", simd_target},
-      {"target", bench::describe_target(c.target)},
-      {"target_met", bench::target_met(c.target, r.target_measure)},
+      {"target", bench::describe_target(r.target)},
+      {"target_met", bench::target_met(r.target, r.target_measure)},
+      {"dtype", dtype_name(c.shape.dtype)},
+      {"peak_kind", r.bf16_peak ? "bfloat16 dot product" : "FMA"},
   };
+  if (!c.baseline.empty()) {
+    line["baseline"] = c.baseline;
+    line["baseline_us"] = r.baseline_seconds * 1e6;
+    line["speedup"] = r.speedup;
+  }
   if (c.memory_bound()) {
     line["gbps"] = r.gbps;
     line["read_gbps"] = r.read_gbps;
@@ -317,8 +368,14 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
   for (const CaseResult& r : results) {
     const BenchCase& c = *r.bench_case;
     char also[64] = "";
-    if (c.memory_bound()) {
+    if (c.memory_bound() && !c.baseline.empty()) {
+      std::snprintf(also, sizeof(also), "%.1f GB/s (%.0f%%), %.2fx %s", r.gbps, r.pct_read,
+                    r.speedup, c.baseline.c_str());
+    } else if (c.memory_bound()) {
       std::snprintf(also, sizeof(also), "%.1f GB/s (%.0f%% of read)", r.gbps, r.pct_read);
+    } else if (!c.baseline.empty()) {
+      std::snprintf(also, sizeof(also), "%.2fx %s%s", r.speedup, c.baseline.c_str(),
+                    r.bf16_peak ? ", bf16 peak" : "");
     } else if (c.need_weights) {
       std::snprintf(also, sizeof(also), "%.2fx (unet+write)", r.weights_ratio);
     } else if (c.shape.rules.window_left >= 0 || c.shape.rules.documents > 0) {
@@ -328,17 +385,18 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
       std::snprintf(also, sizeof(also), "peak RSS %.0f MiB",
                     static_cast<double>(r.peak_rss_bytes) / (1 << 20));
     }
-    const bool met = bench::target_met(c.target, r.target_measure);
+    const bool met = bench::target_met(r.target, r.target_measure);
     std::printf("%-13s %2lld %3lld %5lld %5lld %4lld %-6s %3d %11s %8.1f %6.1f  %-24s %-16s %s\n",
                 c.name.c_str(), static_cast<long long>(c.shape.batch),
                 static_cast<long long>(c.shape.heads), static_cast<long long>(c.shape.query_len),
                 static_cast<long long>(c.shape.key_len), static_cast<long long>(c.shape.head_dim),
                 c.shape.causal ? "yes" : "no", r.threads,
                 format_time(r.timing.median_seconds).c_str(), r.gflops, r.pct_peak, also,
-                bench::describe_target(c.target).c_str(),
-                c.target.kind == TargetKind::kNone ? "-" : (met ? "met" : "MISSED"));
+                bench::describe_target(r.target).c_str(),
+                r.target.kind == TargetKind::kNone ? "-" : (met ? "met" : "MISSED"));
   }
   for (const std::string& line : probes.peaks.lines()) std::printf("%s\n", line.c_str());
+  for (const std::string& line : probes.bf16_peaks.lines()) std::printf("%s\n", line.c_str());
   for (const std::string& line : probes.read_bandwidths.lines()) {
     std::printf("%s\n", line.c_str());
   }
@@ -346,7 +404,10 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
       "FLOPs: attend::attention_flops (4*B*H*Lq*Lk*E, halved when causal), or 4*B*H*E per "
       "visible score for windows and documents, 2.5x that for the *-bwd cases; %%peak: of the FMA "
       "peak at the case's thread count; %% of read: of the read bandwidth at that count (both "
-      "measured in this run, as are the targets' shares). unet peak RSS includes the inputs.\n");
+      "measured in this run, as are the targets' shares). unet peak RSS includes the inputs. "
+      "Reduced precision (*-bf16, *-fp16): Nx BASE is the float32 case's time in this run over "
+      "this one's; %%peak of the bfloat16 dot-product peak where the products ran in bfloat16 "
+      "(bf16 peak), else of the FMA peak; without the instruction the target is 0.9x.\n");
 }
 
 // --ring: context parallelism under mpirun (ring_bench.cpp).

@@ -1,5 +1,6 @@
 // info_command.cpp: `attend info` prints the version, the SIMD targets compiled in, those
-// this CPU supports, the one the kernels dispatch to, and the default thread count.
+// this CPU supports, the one the kernels dispatch to, the default thread count, and the
+// reduced-precision instructions of this CPU with the products bfloat16 and float16 inputs get.
 #include "info_command.hpp"
 
 #include <cstdlib>
@@ -32,13 +33,22 @@ void run_info() {
             << "SIMD target active:     " << active;
   if (cap != nullptr && *cap != '\0') std::cout << " (capped by ATTEND_MAX_SIMD=" << cap << ")";
   std::cout << '\n' << "default threads:        " << threads << '\n';
+  const PrecisionSupport cpu = precision_support();
+  const auto yes = [](bool present) { return present ? "yes" : "no"; };
+  std::cout << "reduced precision:      AVX512_BF16 " << yes(cpu.avx512_bf16) << ", AVX512_FP16 "
+            << yes(cpu.avx512_fp16) << ", AMX tiles " << yes(cpu.amx_tile) << " (AMX-BF16 "
+            << yes(cpu.amx_bf16) << ", AMX-FP16 " << yes(cpu.amx_fp16) << ")\n"
+            << "bfloat16 inputs:        " << bf16_compute_path() << '\n'
+            << "float16 inputs:         " << fp16_compute_path() << '\n';
 }
 
 }  // namespace
 
 Command add_info_command(CLI::App& app) {
   CLI::App* info = app.add_subcommand(
-      "info", "Print the version, SIMD targets (compiled, supported, active) and thread count");
+      "info",
+      "Print the version, SIMD targets (compiled, supported, active), thread count and the "
+      "reduced-precision paths");
   return {info, [] { run_info(); }};
 }
 

@@ -49,6 +49,7 @@ struct SdpaArguments {
   bool zero_masked_rows = false;
   std::string threads_text;
   std::string backend = "auto";
+  std::string compute_dtype = "auto";
 };
 
 // Q, K, V and the bias: the dtypes a .npy file can carry that the library computes in.
@@ -116,6 +117,13 @@ Backend parse_backend(const std::string& name) {
   return Backend::kAuto;
 }
 
+ComputePrecision parse_compute_dtype(const std::string& name) {
+  if (name == "fp32") return ComputePrecision::kFloat32;
+  if (name == "bf16") return ComputePrecision::kBFloat16;
+  if (name == "fp16") return ComputePrecision::kFloat16;
+  return ComputePrecision::kAuto;
+}
+
 // `sdpa` is the subcommand, asked which options were given (an empty value still counts).
 void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
   const auto given = [&](const char* option) { return sdpa.count(option) > 0; };
@@ -176,6 +184,7 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
     throw Error("--grad-sinks needs --grad-out dO.npy (the backward pass)");
   }
   options.backend = parse_backend(arguments.backend);
+  options.compute = parse_compute_dtype(arguments.compute_dtype);
   options.need_weights = given("--weights");
   const bool backward = check_gradient_options(given);
   options.need_logsumexp = backward;
@@ -353,6 +362,11 @@ Command add_sdpa_command(CLI::App& app) {
   sdpa->add_option("--backend", arguments->backend, "auto, fused or reference (default auto)")
       ->type_name("NAME")
       ->check(CLI::IsMember({"auto", "fused", "reference"}));
+  sdpa->add_option("--compute-dtype", arguments->compute_dtype,
+                   "precision of the products: auto, fp32, bf16 (inputs rounded to bfloat16, "
+                   "AVX512_BF16 products; see `attend info`) or fp16 (default auto)")
+      ->type_name("NAME")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
   file_option("--out", arguments->output_path, "output (..., Lq, Ev), dtype of Q")->required();
   file_option("--weights", arguments->weights_path,
               "also write the attention weights (..., Lq, Lk), float32");

@@ -1,0 +1,92 @@
+// cpu_features.cpp: cpuid and XCR0 (Intel SDM vol. 2A, CPUID leaf 07H; vol. 1 13.3).
+#include "cpu_features.hpp"
+
+#include <hwy/targets.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attend/error.hpp"
+#include "simd_dispatch.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+namespace attend::detail {
+namespace {
+
+PrecisionSupport detect() {
+  PrecisionSupport s;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return s;
+  __cpuid(1, a, b, c, d);
+  const bool osxsave = (c >> 27) & 1;
+  if (!osxsave) return s;
+  uint32_t xcr0_lo = 0, xcr0_hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  const uint64_t xcr0 = (uint64_t{xcr0_hi} << 32) | xcr0_lo;
+  // SSE, AVX and the three AVX-512 states (opmask, ZMM0-15 upper halves, ZMM16-31).
+  const bool zmm_state = (xcr0 & 0xE6) == 0xE6;
+  // AMX: XTILECFG and XTILEDATA (bits 17, 18); Linux grants XTILEDATA to a process only on
+  // request (arch_prctl ARCH_REQ_XCOMP_PERM), which attend does not make yet.
+  const bool tile_state = (xcr0 & 0x60000) == 0x60000;
+  __cpuid_count(7, 0, a, b, c, d);
+  const bool avx512f = (b >> 16) & 1;
+  s.avx512_fp16 = zmm_state && avx512f && ((d >> 23) & 1);
+  s.amx_bf16 = tile_state && ((d >> 22) & 1);
+  s.amx_tile = tile_state && ((d >> 24) & 1);
+  unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+  __cpuid_count(7, 1, a1, b1, c1, d1);
+  s.avx512_bf16 = zmm_state && avx512f && ((a1 >> 5) & 1);
+  s.amx_fp16 = tile_state && ((a1 >> 21) & 1);
+#endif
+  return s;
+}
+
+}  // namespace
+
+const PrecisionSupport& cpu_precision_support() {
+  static const PrecisionSupport support = detect();
+  return support;
+}
+
+const char* why_no_bf16_products() {
+  if (!cpu_precision_support().avx512_bf16) return "this CPU has no AVX512_BF16";
+#if defined(__x86_64__) || defined(__i386__)
+  constexpr int64_t kAvx512 = HWY_AVX3 | HWY_AVX3_DL;
+  if ((dispatch_targets() & kAvx512 & HWY_TARGETS) == 0) {
+    return "attend's SIMD target is capped below AVX-512 (set_max_simd_target, ATTEND_MAX_SIMD)";
+  }
+  return "";
+#else
+  return "not an x86 CPU";
+#endif
+}
+
+bool native_bf16_products() { return why_no_bf16_products()[0] == '\0'; }
+
+bool wants_bf16_products(DType input_dtype, ComputePrecision compute) {
+  switch (compute) {
+    case ComputePrecision::kFloat32:
+      return false;
+    case ComputePrecision::kFloat16:
+      throw Error("compute precision float16: " +
+                  std::string(cpu_precision_support().avx512_fp16
+                                  ? "float16 products are not implemented yet"
+                                  : "this CPU has no AVX512_FP16") +
+                  "; use ComputePrecision::kFloat32 (float16 inputs are computed in float32)");
+    case ComputePrecision::kBFloat16:
+      if (!native_bf16_products()) {
+        throw Error(std::string("compute precision bfloat16 needs bfloat16 products, but ") +
+                    why_no_bf16_products() + "; use ComputePrecision::kFloat32");
+      }
+      return true;
+    case ComputePrecision::kAuto:
+      break;
+  }
+  return input_dtype == DType::kBFloat16 && native_bf16_products();
+}
+
+}  // namespace attend::detail

@@ -1,0 +1,26 @@
+// cpu_features.hpp: the reduced-precision instructions of this CPU (read once from cpuid and
+// the OS's enabled register state) and whether attend's dispatch may use them now.
+#pragma once
+
+#include "attend/runtime.hpp"
+#include "attend/sdpa.hpp"
+#include "attend/tensor.hpp"
+
+namespace attend::detail {
+
+// What the CPU and the OS offer (cpuid leaf 7, XCR0), read once; all false off x86.
+const PrecisionSupport& cpu_precision_support();
+
+// bfloat16 products (vdpbf16ps) can run now: the CPU has AVX512_BF16 with its register
+// state enabled and attend's SIMD target (after any cap) is an AVX-512 one.
+bool native_bf16_products();
+// Why not, for messages: "this CPU has no AVX512_BF16", "the SIMD cap (AVX2) rules out
+// AVX-512", or "" when they can.
+const char* why_no_bf16_products();
+
+// Whether inputs of `input_dtype` computed at `compute` (AttentionOptions::compute) take
+// bfloat16 products: kBFloat16 always, kAuto for bfloat16 inputs where the CPU has them.
+// attend::Error for kBFloat16 without them and for kFloat16 (not implemented), naming why.
+bool wants_bf16_products(DType input_dtype, ComputePrecision compute);
+
+}  // namespace attend::detail

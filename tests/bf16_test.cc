@@ -1,0 +1,199 @@
+// bfloat16 products (ComputePrecision::kBFloat16, AVX512_BF16) over the case grid of
+// tests/data/sdpa_cases.txt.
+//
+// Error model (FlashAttention's rule for reduced precision): the fused result's largest error
+// against the exact listing (the float64 reference on the case's own inputs) must be at most
+// twice the largest error of the same listing computed naively in bfloat16, plus the
+// rounding of the weights that the naive listing below leaves out:
+//   naive  = bf16(reference(bf16(Q), bf16(K), bf16(V))): input and output rounding only;
+//   P term = 2 · 2^-9 · max|v| · keep: the fused kernel rounds each weight to bfloat16
+//            (relative 2^-9) before weights·V, moving an output element by at most
+//            2^-9 · Σ_j P_j·|v_j| <= 2^-9 · max|v| · keep; doubled as the rest.
+// Weights (returned in float32 from the bfloat16 products' scores) get the same rule against
+// the naive listing's weights (which are not rounded), with no P term.
+// Ill-conditioned cases (scores of size 1e6) are left out, as in the float32 grid.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "attend/runtime.hpp"
+#include "attend/sdpa.hpp"
+#include "sdpa_cases.hpp"
+#include "test_support.hpp"
+
+namespace attend::test {
+namespace {
+
+constexpr double kBf16HalfUlp = 1.0 / 512.0;  // 2^-9: bfloat16's unit roundoff
+
+double round_bf16(double x) {
+  Tensor in(DType::kFloat32, {1}), out(DType::kBFloat16, {1}), back(DType::kFloat32, {1});
+  in.data_as<float>()[0] = static_cast<float>(x);
+  convert(in.view(), out.view());
+  convert(out.view(), back.view());
+  return back.data_as<float>()[0];
+}
+
+Tensor bf16_copy(const TensorView& view) {
+  Tensor t(DType::kBFloat16, view.shape);
+  convert(view, t.view());
+  return t;
+}
+
+struct Result {
+  std::vector<double> output, weights;
+  std::string kernel;
+};
+
+Result run(const TensorView& q, const TensorView& k, const TensorView& v,
+           AttentionOptions options) {
+  Result r;
+  r.kernel = attention_kernel(q, k, v, options);
+  const AttentionResult result = scaled_dot_product_attention(q, k, v, options);
+  r.output = values_of(result.output.view());
+  if (options.need_weights) r.weights = values_of(result.weights.view());
+  return r;
+}
+
+double max_error(const std::vector<double>& got, const std::vector<double>& exact) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(exact[i]) && std::isnan(got[i])) continue;
+    const double e = std::abs(got[i] - exact[i]);
+    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+  }
+  return worst;
+}
+
+double max_abs(const TensorView& view) {
+  double m = 0;
+  for (double x : values_of(view)) {
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  }
+  return m;
+}
+
+// Runs `call`, which must throw attend::Error with `fragment` in its message.
+template <class Call>
+void expect_error(const Call& call, const std::string& fragment) {
+  try {
+    call();
+    ADD_FAILURE() << "no attend::Error (expected one naming \"" << fragment << "\")";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+  }
+}
+
+bool bf16_available() { return bf16_compute_path().rfind("bfloat16", 0) == 0; }
+
+TEST(Bf16Products, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
+  if (!bf16_available()) GTEST_SKIP() << "skipped: " << bf16_compute_path();
+  int native = 0, cases = 0;
+  double worst_share = 0;  // of the allowed error, over the cases
+  for (const SdpaCase& spec : load_sdpa_cases(ATTEND_TEST_DATA_DIR "/sdpa_cases.txt")) {
+    if (spec.ill_conditioned) continue;
+    SCOPED_TRACE("case " + spec.name + " (sdpa_cases.txt:" + std::to_string(spec.line) + ")");
+    const CaseInputs in = make_case_inputs(spec);
+    AttentionOptions exact_options = in.options;
+    exact_options.backend = Backend::kReference;
+    const Result exact = run(in.query, in.key, in.value, exact_options);
+
+    const Tensor qb = bf16_copy(in.query), kb = bf16_copy(in.key), vb = bf16_copy(in.value);
+    Result naive = run(qb.view(), kb.view(), vb.view(), exact_options);
+    for (double& x : naive.output) x = round_bf16(x);
+
+    AttentionOptions options = in.options;
+    options.backend = Backend::kFused;
+    options.compute = ComputePrecision::kBFloat16;
+    const Result fused = run(in.query, in.key, in.value, options);
+    ++cases;
+    if (fused.kernel.find("bfloat16 products") != std::string::npos) ++native;
+
+    const double keep = 1.0 / (1.0 - spec.dropout);
+    const double p_term = 2 * kBf16HalfUlp * max_abs(in.value) * keep;
+    const double naive_error = max_error(naive.output, exact.output);
+    const double error = max_error(fused.output, exact.output);
+    worst_share = std::max(worst_share, error / (2 * naive_error + p_term));
+    EXPECT_LE(error, 2 * naive_error + p_term)
+        << fused.kernel << ": output error " << error << ", naive bfloat16 " << naive_error;
+    if (in.options.need_weights) {
+      const double naive_weights = max_error(naive.weights, exact.weights);
+      const double weights_error = max_error(fused.weights, exact.weights);
+      EXPECT_LE(weights_error, 2 * naive_weights + 1e-30)
+          << fused.kernel << ": weights error " << weights_error << ", naive " << naive_weights;
+    }
+
+    // bfloat16 inputs with the default precision take the same path, bit for bit, and any
+    // thread count gives the same bits.
+    AttentionOptions automatic = in.options;
+    automatic.num_threads = 1;
+    const Result from_bf16 = run(qb.view(), kb.view(), vb.view(), automatic);
+    EXPECT_EQ(from_bf16.kernel, fused.kernel);
+    std::vector<double> fused_rounded = fused.output;
+    if (spec.dtype != DType::kFloat32) {
+      // The case's own dtype (float16) rounds the output differently from bfloat16.
+      continue;
+    }
+    for (double& x : fused_rounded) x = round_bf16(x);
+    for (size_t i = 0; i < fused_rounded.size(); ++i) {
+      const double a = fused_rounded[i], b = from_bf16.output[i];
+      if (!(a == b || (std::isnan(a) && std::isnan(b)))) {
+        ADD_FAILURE() << "bfloat16 inputs differ from rounded float32 inputs at " << i << ": " << b
+                      << " vs " << a;
+        break;
+      }
+    }
+  }
+  std::printf(
+      "bfloat16 products ran natively on %d of %d cases (the others are decoding "
+      "shapes: float32 products on the rounded inputs); the largest output error was "
+      "%.2f of the allowed\n",
+      native, cases, worst_share);
+  EXPECT_GT(native, cases / 2);
+}
+
+TEST(Bf16Products, ResultsDoNotDependOnTheThreadCount) {
+  if (!bf16_available()) GTEST_SKIP() << "skipped: " << bf16_compute_path();
+  const Tensor q = random_tensor({2, 3, 200, 64}, 1, 1.0, DType::kBFloat16);
+  const Tensor k = random_tensor({2, 3, 700, 64}, 2, 1.0, DType::kBFloat16);
+  const Tensor v = random_tensor({2, 3, 700, 48}, 3, 1.0, DType::kBFloat16);
+  AttentionOptions options;
+  options.causal = true;
+  options.num_threads = 1;
+  const Tensor one = scaled_dot_product_attention(q.view(), k.view(), v.view(), options).output;
+  options.num_threads = 2;
+  const Tensor two = scaled_dot_product_attention(q.view(), k.view(), v.view(), options).output;
+  ASSERT_EQ(std::memcmp(one.data(), two.data(), one.nbytes()), 0);
+  EXPECT_NE(attention_kernel(q.view(), k.view(), v.view(), options).find("bfloat16"),
+            std::string::npos);
+}
+
+TEST(Bf16Products, RefusedWhereTheCpuCannotRunThem) {
+  const Tensor q = random_tensor({1, 32, 16}, 1);
+  AttentionOptions options;
+  options.compute = ComputePrecision::kFloat16;
+  expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); },
+               "compute precision float16");
+  options.compute = ComputePrecision::kBFloat16;
+  if (!bf16_available()) {
+    expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); },
+                 "AVX512_BF16");
+    return;
+  }
+  // Capped below AVX-512, the instructions are not used: a clear error, no illegal
+  // instruction; bfloat16 inputs with the default precision fall back to float32 products.
+  ScopedSimdCap cap("AVX2");
+  expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); },
+               "capped below AVX-512");
+  const Tensor qb = bf16_copy(q.view());
+  EXPECT_EQ(attention_kernel(qb.view(), qb.view(), qb.view()), "fused tiles");
+}
+
+}  // namespace
+}  // namespace attend::test
