@@ -33,6 +33,20 @@ namespace {
 
 double now() { return MPI_Wtime(); }
 
+// This process's CPU time: on a shared host the ranks may get less than a core each, and the
+// CPU seconds a call costs (summed over the ranks) measure its work whatever the share.
+double cpu_now() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double sum_over_ranks(MPI_Comm comm, double x) {
+  double s = x;
+  MPI_Allreduce(&x, &s, 1, MPI_DOUBLE, MPI_SUM, comm);
+  return s;
+}
+
 // A barrier that sleeps instead of spinning: idle ranks leave the cores to rank 0's baseline.
 void quiet_barrier(MPI_Comm comm) {
   MPI_Request request;
@@ -119,6 +133,8 @@ struct Row {
   double bytes_per_step = 0;  // one rank's K/V shard
   double efficiency = 0;      // T_1 / (N · T_N)
   double gflops = 0;          // of the whole problem per second
+  double cpu_seconds = 0;     // median, summed over the ranks
+  double cpu_efficiency = 0;  // CPU(1 rank) / Σ CPU(ranks)
 };
 
 }  // namespace
@@ -157,22 +173,27 @@ void run_ring_bench(const RingBenchSettings& s) {
         causal ? mpi::ShardLayout::kZigzag : mpi::ShardLayout::kContiguous;
     const char* layout_name = causal ? "zigzag" : "contiguous";
     // 1. Rank 0 alone.
-    double baseline = 0;
+    double baseline = 0, baseline_cpu = 0;
     if (s.baseline) {
       if (rank == 0) std::fprintf(stderr, "  %s: 1 rank ...\n", causal ? "causal" : "non-causal");
-      std::vector<double> times;
+      std::vector<double> times, cpus;
       for (int rep = 0; rep <= s.repetitions; ++rep) {
         if (rank == 0) {
-          const double start = now();
+          const double start = now(), cpu_start = cpu_now();
           (void)scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
-          if (rep > 0) times.push_back(now() - start);  // the first call warms up
+          if (rep > 0) {  // the first call warms up
+            times.push_back(now() - start);
+            cpus.push_back(cpu_now() - cpu_start);
+          }
         }
         quiet_barrier(comm);
       }
-      baseline = rank == 0 ? median(times) : 0;
-      MPI_Bcast(&baseline, 1, MPI_DOUBLE, 0, comm);
-      rows.push_back(
-          {"1 rank", causal, "-", baseline, baseline, 0, 0, 1.0, flops / baseline / 1e9});
+      double measured[2] = {rank == 0 ? median(times) : 0, rank == 0 ? median(cpus) : 0};
+      MPI_Bcast(measured, 2, MPI_DOUBLE, 0, comm);
+      baseline = measured[0];
+      baseline_cpu = measured[1];
+      rows.push_back({"1 rank", causal, "-", baseline, baseline, 0, 0, 1.0, flops / baseline / 1e9,
+                      baseline_cpu, 1.0});
     }
     // 2. The shards, ring with and without overlap, head parallelism.
     const auto pieces = mpi::shard_pieces(layout, L, ranks, rank);
@@ -192,15 +213,16 @@ void run_ring_bench(const RingBenchSettings& s) {
       parallel.layout = layout;
       parallel.overlap = m.overlap;
       parallel.statistics = &stats;
-      std::vector<double> times, computes, waits;
+      std::vector<double> times, computes, waits, cpus;
       for (int rep = 0; rep <= s.repetitions; ++rep) {
         MPI_Barrier(comm);
-        const double start = now();
+        const double start = now(), cpu_start = cpu_now();
         if (m.ulysses) {
           (void)mpi::ulysses_attention(comm, qs.view(), ks.view(), vs.view(), options, parallel);
         } else {
           (void)mpi::ring_attention(comm, qs.view(), ks.view(), vs.view(), options, parallel);
         }
+        const double cpu = sum_over_ranks(comm, cpu_now() - cpu_start);
         const double elapsed = max_over_ranks(comm, now() - start);
         const double compute = max_over_ranks(comm, stats.compute_seconds);
         const double wait = max_over_ranks(comm, stats.wait_seconds);
@@ -208,12 +230,14 @@ void run_ring_bench(const RingBenchSettings& s) {
           times.push_back(elapsed);
           computes.push_back(compute);
           waits.push_back(wait);
+          cpus.push_back(cpu);
         }
       }
-      const double t = median(times);
+      const double t = median(times), cpu = median(cpus);
       rows.push_back({m.name, causal, m.ulysses ? "-" : layout_name, t, median(computes),
                       median(waits), m.ulysses ? 0 : shard_bytes,
-                      baseline > 0 ? baseline / (ranks * t) : 0, flops / t / 1e9});
+                      baseline > 0 ? baseline / (ranks * t) : 0, flops / t / 1e9, cpu,
+                      baseline_cpu > 0 ? baseline_cpu / cpu : 0});
     }
   }
   if (rank != 0) return;
@@ -241,7 +265,9 @@ void run_ring_bench(const RingBenchSettings& s) {
                           {"wait_seconds", r.wait_seconds},
                           {"efficiency", r.efficiency},
                           {"gflops", r.gflops},
-                          {"loopback_gbps", loopback}};
+                          {"loopback_gbps", loopback},
+                          {"cpu_seconds", r.cpu_seconds},
+                          {"cpu_efficiency", r.cpu_efficiency}};
       if (r.bytes_per_step > 0 && r.method == "ring (no overlap)" && ranks > 1) {
         j["exchange_gbps"] = r.bytes_per_step * (ranks - 1) / r.wait_seconds / 1e9;
       }
@@ -255,8 +281,9 @@ void run_ring_bench(const RingBenchSettings& s) {
       "median of %d\n",
       ranks, s.threads, static_cast<long long>(B), static_cast<long long>(H),
       static_cast<long long>(L), static_cast<long long>(E), s.repetitions);
-  std::printf("%-18s %-6s %-10s %10s %10s %10s %8s %8s %10s\n", "method", "causal", "layout",
-              "median", "compute", "waiting", "GFLOP/s", "effic.", "vs compute");
+  std::printf("%-18s %-6s %-10s %10s %10s %10s %8s %8s %10s %9s %10s\n", "method", "causal",
+              "layout", "median", "compute", "waiting", "GFLOP/s", "effic.", "vs compute", "CPU",
+              "CPU effic.");
   for (const Row& r : rows) {
     char versus[32] = "-";
     if (r.method == "ring" && compute_alone(r.causal) > 0) {
@@ -266,9 +293,14 @@ void run_ring_bench(const RingBenchSettings& s) {
     char efficiency[32] = "-";
     if (r.efficiency > 0)
       std::snprintf(efficiency, sizeof efficiency, "%.1f%%", 100 * r.efficiency);
-    std::printf("%-18s %-6s %-10s %9.3fs %9.3fs %9.3fs %8.1f %8s %10s\n", r.method.c_str(),
-                r.causal ? "yes" : "no", r.layout.c_str(), r.seconds, r.compute_seconds,
-                r.wait_seconds, r.gflops, efficiency, versus);
+    char cpu_efficiency[32] = "-";
+    if (r.cpu_efficiency > 0) {
+      std::snprintf(cpu_efficiency, sizeof cpu_efficiency, "%.1f%%", 100 * r.cpu_efficiency);
+    }
+    std::printf("%-18s %-6s %-10s %9.3fs %9.3fs %9.3fs %8.1f %8s %10s %8.3fs %10s\n",
+                r.method.c_str(), r.causal ? "yes" : "no", r.layout.c_str(), r.seconds,
+                r.compute_seconds, r.wait_seconds, r.gflops, efficiency, versus, r.cpu_seconds,
+                cpu_efficiency);
   }
   if (ranks > 1) {
     for (const Row& r : rows) {
@@ -283,8 +315,10 @@ void run_ring_bench(const RingBenchSettings& s) {
   }
   std::printf(
       "effic.: T(1 rank) / (ranks x T); vs compute: the ring's time over the slowest "
-      "rank's compute alone (from the run without overlap); FLOPs: attend::attention_flops "
-      "of the whole problem.\n");
+      "rank's compute alone (from the run without overlap); CPU: process CPU time of a call "
+      "summed over the ranks (MPI's busy waits included); CPU effic. = CPU(1 rank) / that: "
+      "the work's overhead whatever share of the cores the ranks got; FLOPs: "
+      "attend::attention_flops of the whole problem.\n");
 }
 
 }  // namespace attend::cli
