@@ -320,6 +320,26 @@ TEST(Ring, ForwardAndBackwardEqualTheWholeProblem) {
                   tolerance_of(gradients.tolerance.key));
       expect_rows("dV", g.value, gradients.exact.value, s.keys, c.key_len, kValueDim,
                   tolerance_of(gradients.tolerance.value));
+      if (w.options.bias) {  // (H, Lq_r, Lk): this rank's query rows of the whole gradient
+        ASSERT_EQ(g.bias.shape(), s.bias.shape());
+        double worst = 0;
+        int64_t local = 0;
+        for (const auto& p : s.queries) {
+          for (int64_t i = 0; i < p.length; ++i, ++local) {
+            for (int64_t h = 0; h < kHeads; ++h) {
+              for (int64_t j = 0; j < c.key_len; ++j) {
+                const auto whole =
+                    static_cast<size_t>((h * c.query_len + p.offset + i) * c.key_len + j);
+                const double got =
+                    g.bias.data_as<float>()[(h * total_length(s.queries) + local) * c.key_len + j];
+                worst = std::max(worst, std::abs(got - gradients.exact.bias[whole]) /
+                                            gradients.tolerance.bias[whole]);
+              }
+            }
+          }
+        }
+        EXPECT_LE(worst, 1.0) << "dBias on rank " << world_rank();
+      }
       if (w.options.sinks) {  // each rank's part, summed over the ranks
         std::vector<double> part(static_cast<size_t>(kHeads)), sum(static_cast<size_t>(kHeads));
         for (int64_t h = 0; h < kHeads; ++h)
