@@ -107,6 +107,7 @@ enum Field : int {
   kBackend,
   kLayout,
   kCompute,
+  kKeySegmentsShape,
   kFieldCount
 };
 static_assert(kFieldCount <= kFields);
@@ -139,7 +140,8 @@ constexpr const char* kFieldNames[] = {"the rank of query",
                                        "user_rules' mask_mod",
                                        "backend",
                                        "the shard layout",
-                                       "compute (the products' precision)"};
+                                       "compute (the products' precision)",
+                                       "the shape of segment_ids_key but its length"};
 static_assert(std::size(kFieldNames) == kFieldCount);
 
 int64_t bits_of(double x) {
@@ -232,6 +234,12 @@ Signature signature_of(const TensorView& query, const TensorView& key, const Ten
     f[kBackend] = static_cast<int64_t>(o.backend);
     f[kLayout] = static_cast<int64_t>(layout);
     f[kCompute] = static_cast<int64_t>(o.compute);
+    if (o.segment_ids_key) {  // it travels: every rank's must fit every query shard
+      const TensorView& ids = *o.segment_ids_key;
+      int64_t h = ids.rank();
+      for (int d = 0; d + 1 < ids.rank(); ++d) h = h * 1000003 + ids.shape[d];
+      f[kKeySegmentsShape] = h;
+    }
   } catch (const Error& e) {
     set_message(s, e.what());
   }
