@@ -1,7 +1,6 @@
 // ring_common.cpp: the communicator, the collective check and plan, block options and the
 // travelling key/value shards (ring_internal.hpp).
 #include <algorithm>
-#include <array>
 #include <climits>
 #include <cmath>
 #include <cstring>

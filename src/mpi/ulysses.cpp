@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "attend/error.hpp"
 #include "attend/score_rules.hpp"
