@@ -447,6 +447,11 @@ TEST(Ring, BitwiseReproducible) {
                                                  s.value.view(), s.options, parallel);
   EXPECT_EQ(0, std::memcmp(a.output.data(), b.output.data(), a.output.nbytes()));
   EXPECT_EQ(0, std::memcmp(a.logsumexp.data(), b.logsumexp.data(), a.logsumexp.nbytes()));
+  AttentionOptions threads = s.options;  // nor on the threads per rank
+  threads.num_threads = 3;
+  const mpi::ShardResult c = mpi::ring_attention(MPI_COMM_WORLD, s.query.view(), s.key.view(),
+                                                 s.value.view(), threads, parallel);
+  EXPECT_EQ(0, std::memcmp(a.output.data(), c.output.data(), a.output.nbytes()));
   const AttentionGradients ga = mpi::ring_attention_backward(
       MPI_COMM_WORLD, s.grad_output.view(), s.query.view(), s.key.view(), s.value.view(),
       a.output.view(), a.logsumexp.view(), s.options, parallel);
