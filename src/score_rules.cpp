@@ -136,11 +136,10 @@ void validate_score_rules(const AttentionOptions& options, const Shape& scores_s
          {std::tuple{"query", block.query_offset, Lq, block.query_len},
           std::tuple{"key", block.key_offset, Lk, block.key_len}}) {
       if (offset < 0 || total < length || offset > total - length) {
+        const std::string whole = std::to_string(total) + " " + name + " positions";
         throw Error(std::string("block: the ") + std::to_string(length) + " " + name +
                     "s from offset " + std::to_string(offset) +
-                    " do not lie within the whole "
-                    "problem's " +
-                    std::to_string(total) + " " + name + " positions");
+                    " do not lie within the whole problem's " + whole);
       }
     }
   }
