@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 start=$SECONDS
 seconds=${ARM_TEST_SECONDS:-300}
 tests=(runtime_test sdpa_contract_test sdpa_differential_test sdpa_backward_test score_mod_test
-       cli_test gemm_test hardening_test)
+       cli_test gemm_test hardening_test bf16_test)
 
 # The arm64 packages need the architecture known to dpkg before apt can see them.
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then

@@ -65,6 +65,15 @@ const char* why_no_bf16_products() {
 #endif
 }
 
+bool exact_f16_widening() {
+#if defined(__x86_64__) || defined(__i386__)
+  constexpr int64_t kF16c = HWY_AVX2 | HWY_AVX3 | HWY_AVX3_DL;
+  return (dispatch_targets() & kF16c & HWY_TARGETS) != 0;
+#else
+  return false;
+#endif
+}
+
 bool native_bf16_products() { return why_no_bf16_products()[0] == '\0'; }
 
 bool wants_bf16_products(DType input_dtype, ComputePrecision compute) {

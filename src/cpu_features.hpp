@@ -18,6 +18,10 @@ bool native_bf16_products();
 // AVX-512", or "" when they can.
 const char* why_no_bf16_products();
 
+// Whether the dispatched SIMD target widens float16 to float32 exactly, infinities and NaNs
+// included (x86 with F16C: AVX2 and above); Highway's software widening does not.
+bool exact_f16_widening();
+
 // Whether inputs of `input_dtype` computed at `compute` (AttentionOptions::compute) take
 // bfloat16 products: kBFloat16 always, kAuto for bfloat16 inputs where the CPU has them.
 // attend::Error for kBFloat16 without them and for kFloat16 (not implemented), naming why.

@@ -280,17 +280,21 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
 
 namespace {
 
-// A bfloat16 view with a contiguous last dimension: the view itself when it already is one,
-// otherwise a copy rounded to bfloat16 (nearest even) kept alive in `storage`.
-TensorView as_kernel_bf16(const TensorView& t, std::optional<Tensor>& storage) {
-  if (t.dtype == DType::kBFloat16 && (t.strides.back(0) == 1 || t.shape.back(0) <= 1)) {
+// A view of `dtype` (bfloat16 or float16) with a contiguous last dimension: the view itself
+// when it already is one, otherwise a copy rounded to `dtype` (nearest even) kept in `storage`.
+TensorView as_kernel_half(const TensorView& t, DType dtype, std::optional<Tensor>& storage) {
+  if (t.dtype == dtype && (t.strides.back(0) == 1 || t.shape.back(0) <= 1)) {
     TensorView v = t;
     v.strides[v.rank() - 1] = 1;
     return v;
   }
-  storage.emplace(DType::kBFloat16, t.shape);
+  storage.emplace(dtype, t.shape);
   convert(t, storage->view());
   return storage->view();
+}
+
+TensorView as_kernel_bf16(const TensorView& t, std::optional<Tensor>& storage) {
+  return as_kernel_half(t, DType::kBFloat16, storage);
 }
 
 // A float32 view of `t` rounded to bfloat16 (ComputePrecision::kBFloat16 on a kernel without
@@ -305,31 +309,48 @@ TensorView as_kernel_float_rounded_to_bf16(const TensorView& t, std::optional<Te
 // beyond it, the products are float32.
 constexpr double kMaxPackedBf16Bytes = 256.0 * (1 << 20);
 
-enum class Products : uint8_t { kFloat32, kBFloat16, kFloat32OnBFloat16 };
+// What the kernel reads: float32 operands; bfloat16 operands for bfloat16 products (query
+// tiles); or float32 queries with K and V in their half precision (row groups), bfloat16 or
+// float16, rounded to bfloat16 first for kBFloat16.
+enum class Products : uint8_t { kFloat32, kBFloat16, kHalfKeysValues };
+struct OperandChoice {
+  Products products = Products::kFloat32;
+  DType half = DType::kBFloat16;  // of K and V (and Q for kBFloat16) when not kFloat32
+};
 
 // The products a call computes (AttentionOptions::compute): bfloat16 ones only in the query
 // tiles, on a CPU that has them; attend::Error for a precision this CPU cannot compute.
-Products choose_products(const TensorView& query, const TensorView& value,
-                         const AttentionOptions& options, bool for_backward) {
-  if (!wants_bf16_products(query.dtype, options.compute)) return Products::kFloat32;
+// Decoding shapes (the row groups) read half-precision K and V as they are, widening them as
+// they load: the same float32 arithmetic on half the bytes.
+OperandChoice choose_operands(const TensorView& query, const TensorView& value,
+                              const AttentionOptions& options, bool for_backward) {
+  const bool bf16 = wants_bf16_products(query.dtype, options.compute);
   const bool requested = options.compute == ComputePrecision::kBFloat16;
-  if (options.backend == Backend::kReference) {
-    if (requested) {
+  if (options.backend == Backend::kReference || for_backward) {
+    if (requested && options.backend == Backend::kReference) {
       throw Error(
           "compute precision bfloat16 runs on the fused backend (the reference computes "
           "in float64)");
     }
-    return Products::kFloat32;
+    return {};  // float32 (on the rounded inputs for kBFloat16: see make_params)
   }
+  const bool rows = 2 * query.shape.back(1) <= fused_lanes();
+  if (rows) {
+    if (requested) return {Products::kHalfKeysValues, DType::kBFloat16};
+    if (options.compute != ComputePrecision::kAuto) return {};
+    if (query.dtype == DType::kBFloat16) return {Products::kHalfKeysValues, DType::kBFloat16};
+    if (query.dtype == DType::kFloat16 && exact_f16_widening()) {
+      return {Products::kHalfKeysValues, DType::kFloat16};
+    }
+    return {};
+  }
+  if (!bf16) return {};
   const int64_t key_len = value.shape.back(1);
   const double packed_bytes =
       4.0 * (static_cast<double>(key_len) * static_cast<double>((query.shape.back(0) + 1) / 2) +
              static_cast<double>((key_len + 1) / 2) * static_cast<double>(value.shape.back(0)));
-  const bool tiles = 2 * query.shape.back(1) > fused_lanes();
-  // The backward's products are float32 (on the rounded inputs for kBFloat16).
-  const bool products = !for_backward && tiles && packed_bytes <= kMaxPackedBf16Bytes;
-  if (products) return Products::kBFloat16;
-  return requested ? Products::kFloat32OnBFloat16 : Products::kFloat32;
+  if (packed_bytes <= kMaxPackedBf16Bytes) return {Products::kBFloat16, DType::kBFloat16};
+  return {};
 }
 
 }  // namespace
@@ -338,20 +359,23 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
                        const Problem& problem, const AttentionOptions& options,
                        KernelInputs& storage, bool for_backward) {
   const int batch_rank = query.rank() - 2;
-  const Products products = choose_products(query, value, options, for_backward);
-  const auto operand = [&](const TensorView& t, std::optional<Tensor>& copy) {
-    switch (products) {
-      case Products::kBFloat16:
-        return as_kernel_bf16(t, copy);
-      case Products::kFloat32OnBFloat16:
-        return as_kernel_float_rounded_to_bf16(t, copy);
-      default:
-        return as_kernel_float(t, copy);
-    }
+  const OperandChoice choice = choose_operands(query, value, options, for_backward);
+  // kBFloat16 asked: every operand rounded to bfloat16, whatever the kernel.
+  const bool rounded = options.compute == ComputePrecision::kBFloat16;
+  const auto float_operand = [&](const TensorView& t, std::optional<Tensor>& copy) {
+    return rounded ? as_kernel_float_rounded_to_bf16(t, copy) : as_kernel_float(t, copy);
   };
-  const TensorView q = operand(query, storage.query);
-  const TensorView k = operand(key, storage.key);
-  const TensorView v = operand(value, storage.value);
+  const auto half_operand = [&](const TensorView& t, std::optional<Tensor>& copy) {
+    return choice.half == DType::kBFloat16 ? as_kernel_bf16(t, copy)
+                                           : as_kernel_half(t, DType::kFloat16, copy);
+  };
+  const bool half_query = choice.products == Products::kBFloat16;
+  const bool half_kv = choice.products != Products::kFloat32;
+  const TensorView q =
+      half_query ? half_operand(query, storage.query) : float_operand(query, storage.query);
+  const TensorView k = half_kv ? half_operand(key, storage.key) : float_operand(key, storage.key);
+  const TensorView v =
+      half_kv ? half_operand(value, storage.value) : float_operand(value, storage.value);
 
   SdpaParams p;
   for (int d = 0; d < batch_rank; ++d) p.batch_shape[kMaxBatchRank - batch_rank + d] = q.shape[d];
@@ -361,12 +385,16 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
   p.key_len = k.shape.back(1);
   p.head_dim = q.shape.back(0);
   p.value_dim = v.shape.back(0);
-  if (products == Products::kBFloat16) {
-    p.query_bf16 = q.data_as<const uint16_t>();
-    p.key_bf16 = k.data_as<const uint16_t>();
-    p.value_bf16 = v.data_as<const uint16_t>();
+  p.half_dtype = choice.half;
+  if (half_query) {
+    p.query_half = q.data_as<const uint16_t>();
   } else {
     p.query = q.data_as<const float>();
+  }
+  if (half_kv) {
+    p.key_half = k.data_as<const uint16_t>();
+    p.value_half = v.data_as<const uint16_t>();
+  } else {
     p.key = k.data_as<const float>();
     p.value = v.data_as<const float>();
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "cpu_features.hpp"
 #include "kernels/kernel_list.hpp"
 #include "sdpa_boundary.hpp"
 #include "sdpa_params.hpp"
@@ -87,6 +88,10 @@ void run_backward(const TensorView& grad_output, const TensorView& query, const 
   SdpaBackwardParams bp;
   bp.forward = detail::make_params(query, key, value, problem, options, inputs, true);
   detail::SdpaParams& p = bp.forward;
+  // bfloat16 products where the forward would take them (the fused kernel rounds the
+  // float32 operands as it packs them).
+  p.bf16_backward = options.backend != Backend::kReference &&
+                    detail::wants_bf16_products(query.dtype, options.compute);
 
   std::optional<Tensor> output_copy, grad_output_copy;
   const TensorView o = detail::as_kernel_float(output, output_copy);

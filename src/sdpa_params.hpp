@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "attend/score_mod.hpp"
+#include "attend/tensor.hpp"
 
 namespace attend::detail {
 
@@ -42,13 +43,22 @@ struct SdpaParams {
   const float* value = nullptr;
   OperandStrides value_strides;
 
-  // bfloat16 products (AttentionOptions::compute, AVX512_BF16; see bf16_products-inl.h):
-  // query, key and value as bfloat16 with the strides above, and the float32 pointers null.
-  // Only the query-tile kernel runs such calls (the boundary chooses them only for it).
-  const uint16_t* query_bf16 = nullptr;
-  const uint16_t* key_bf16 = nullptr;
-  const uint16_t* value_bf16 = nullptr;
-  bool bf16() const { return key_bf16 != nullptr; }
+  // Half-precision operands (bfloat16 or float16: half_dtype) in place of the float32
+  // pointers above (null then), with the same strides:
+  //  - bfloat16 products (AttentionOptions::compute, AVX512_BF16; bf16_products-inl.h):
+  //    query_half, key_half and value_half, all bfloat16; only the query tiles run them;
+  //  - half-precision K and V for the row groups (decoding: K and V are the bytes a step
+  //    reads), widened to float32 as they are loaded: key_half and value_half, query float32.
+  // The boundary chooses either only for the kernel that runs it.
+  DType half_dtype = DType::kBFloat16;
+  const uint16_t* query_half = nullptr;
+  const uint16_t* key_half = nullptr;
+  const uint16_t* value_half = nullptr;
+  bool bf16_products() const { return query_half != nullptr; }
+  bool half_kv() const { return key_half != nullptr; }
+  // The backward's five products in bfloat16 (AVX512_BF16): the float32 operands rounded to
+  // bfloat16 as the kernel packs them, P̃ and dS rounded before their products.
+  bool bf16_backward = false;
 
   // output (..., Lq, Ev): written. weights (..., Lq, Lk): written when not null.
   float* output = nullptr;

@@ -174,6 +174,54 @@ TEST(Bf16Products, ResultsDoNotDependOnTheThreadCount) {
             std::string::npos);
 }
 
+// Decoding shapes read bfloat16 and float16 K and V as they are (the row groups widen them
+// as they load): bit for bit the float32 path on the widened inputs, on every target, over
+// the grid's cases that run in row groups.
+TEST(HalfKeysValues, RowGroupsGiveTheBitsOfTheWidenedInputs) {
+  int half_runs = 0;
+  for (const std::string& target : supported_simd_targets()) {
+    ScopedSimdCap cap(target);
+    for (const SdpaCase& spec : load_sdpa_cases(ATTEND_TEST_DATA_DIR "/sdpa_cases.txt")) {
+      const CaseInputs in = make_case_inputs(spec);
+      if (attention_kernel(in.query, in.key, in.value, in.options).rfind("fused rows", 0) != 0) {
+        continue;
+      }
+      for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+        SCOPED_TRACE("case " + spec.name + ", " + dtype_name(dtype) + ", target " + target);
+        Tensor q(dtype, in.query.shape), k(dtype, in.key.shape), v(dtype, in.value.shape);
+        convert(in.query, q.view());
+        convert(in.key, k.view());
+        convert(in.value, v.view());
+        Tensor qw(DType::kFloat32, q.shape()), kw(DType::kFloat32, k.shape()),
+            vw(DType::kFloat32, v.shape());
+        convert(q.view(), qw.view());
+        convert(k.view(), kw.view());
+        convert(v.view(), vw.view());
+        AttentionOptions options = in.options;
+        options.need_logsumexp = true;
+        const std::string kernel = attention_kernel(q.view(), k.view(), v.view(), options);
+        half_runs += kernel.find(" K/V)") != std::string::npos;
+        const AttentionResult half =
+            scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
+        const AttentionResult wide =
+            scaled_dot_product_attention(qw.view(), kw.view(), vw.view(), options);
+        Tensor wide_out(dtype, wide.output.shape());
+        convert(wide.output.view(), wide_out.view());
+        EXPECT_EQ(std::memcmp(half.output.data(), wide_out.data(), wide_out.nbytes()), 0) << kernel;
+        EXPECT_EQ(
+            std::memcmp(half.logsumexp.data(), wide.logsumexp.data(), wide.logsumexp.nbytes()), 0)
+            << kernel;
+        if (options.need_weights) {
+          EXPECT_EQ(std::memcmp(half.weights.data(), wide.weights.data(), wide.weights.nbytes()), 0)
+              << kernel;
+        }
+      }
+    }
+  }
+  std::printf("%d runs read half-precision K and V in place\n", half_runs);
+  EXPECT_GT(half_runs, 0);
+}
+
 TEST(Bf16Products, RefusedWhereTheCpuCannotRunThem) {
   const Tensor q = random_tensor({1, 32, 16}, 1);
   AttentionOptions options;

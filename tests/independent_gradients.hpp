@@ -21,6 +21,13 @@
 //   dV        Σ_i f·e_P·|G_ic| + γ_{Lq+2}·Σ_i |P̃·G_ic|
 //   dBias     Σ e_dS + γ_{n+2}·Σ |dS| over the n positions summed
 // each times kSafety; a float16 gradient adds its rounding (2^-11 relative + 2^-24).
+//
+// `bf16`: bfloat16 inputs through bfloat16 products (the fused backward's bf16_backward): the
+// products of bfloat16 operands are exact, and the kernel rounds P̃ before dV and dS before
+// dK and dQ (u_b = 2^-9 relative each), which adds
+//   dV  u_b·Σ_i |P̃·G_ic|,   dK  |scale|·u_b·Σ_i |dS·Q_ie|,   dQ  |scale|·u_b·Σ_j |dS·K_je|;
+// O is stored in bfloat16 (D gets u_b·Σ_c |G_ic·O_ic|) and so are the gradients (u_b
+// relative, plus 2^-133, bfloat16's smallest subnormal).
 #pragma once
 
 #include <algorithm>
@@ -45,8 +52,9 @@ struct GradientCheck {
 
 // `grad_output` is G (batch..., Lq, Ev) row-major; `half_inputs`: the dtype is float16.
 inline GradientCheck independent_gradients(const ReferenceProblem& p,
-                                           const std::vector<double>& grad_output,
-                                           bool half_inputs) {
+                                           const std::vector<double>& grad_output, bool half_inputs,
+                                           bool bf16 = false) {
+  const double u_b = bf16 ? 1.0 / 512 : 0.0;
   const int64_t Lq = p.query_len, Lk = p.key_len, E = p.head_dim, Ev = p.value_dim;
   const double u = kUnitRoundoff;
   const auto at = [](const std::vector<double>& v, int64_t index) -> double {
@@ -148,7 +156,7 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
         error_weight[jj] = gamma_n(Ev + 2) * factor[jj] * dot_abs;  // e_dP
         row_dot += weight[jj] * grad_weight[jj];
       }
-      const double half_output = half_inputs ? kHalfUlp / 2 : 0.0;
+      const double half_output = half_inputs ? kHalfUlp / 2 : u_b;
       const double error_row_dot =
           gamma_n(Ev + 2) * output_abs +
           forward_tolerance.output[static_cast<size_t>(row)] / kSafety * grad_abs +
@@ -181,18 +189,18 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
           const size_t kj = static_cast<size_t>((b * Lk + j) * E + e);
           g.query[qi] += p.scale * grad_raw * k(j, e);
           t.query[qi] += scale * (error_own * std::abs(k(j, e)) +
-                                  gamma_n(Lk + 2) * std::abs(grad_raw * k(j, e)));
+                                  (gamma_n(Lk + 2) + u_b) * std::abs(grad_raw * k(j, e)));
           if (vis) row_error_direction[static_cast<size_t>(e)] += weight[jj] * k(j, e);
           g.key[kj] += p.scale * grad_raw * q(i, e);
           t.key[kj] += scale * (error_score[jj] * std::abs(q(i, e)) +
-                                gamma_n(Lq + 2) * std::abs(grad_raw * q(i, e)));
+                                (gamma_n(Lq + 2) + u_b) * std::abs(grad_raw * q(i, e)));
         }
         const double kept = weight[jj] * factor[jj];
         for (int64_t c = 0; c < Ev; ++c) {
           const size_t vj = static_cast<size_t>((b * Lk + j) * Ev + c);
           g.value[vj] += kept * dout(c);
-          t.value[vj] +=
-              factor[jj] * e_p * std::abs(dout(c)) + gamma_n(Lq + 2) * std::abs(kept * dout(c));
+          t.value[vj] += factor[jj] * e_p * std::abs(dout(c)) +
+                         (gamma_n(Lq + 2) + u_b) * std::abs(kept * dout(c));
         }
         if (p.has_bias) {
           const size_t beta =
@@ -226,6 +234,14 @@ inline GradientCheck independent_gradients(const ReferenceProblem& p,
     add_half(t.query, g.query);
     add_half(t.key, g.key);
     add_half(t.value, g.value);
+  }
+  if (bf16) {
+    const auto add_bf16 = [&](std::vector<double>& tol, const std::vector<double>& exact) {
+      for (size_t n = 0; n < tol.size(); ++n) tol[n] += u_b * std::abs(exact[n]) + 0x1p-133;
+    };
+    add_bf16(t.query, g.query);
+    add_bf16(t.key, g.key);
+    add_bf16(t.value, g.value);
   }
   return r;
 }

@@ -162,6 +162,44 @@ void expect_meaningful(const std::string& what, const std::vector<double>& exact
   }
 }
 
+// bfloat16 inputs through the bfloat16 backward (AVX512_BF16): every case of the grid against
+// the independent gradient of the rounded problem, with the error model's bfloat16 terms
+// (independent_gradients.hpp). O and the log-sum-exp come from a float32-product forward, so
+// that the backward's own error is what is checked.
+TEST(SdpaBackward, Bf16ProductsWithinTheirErrorModel) {
+  if (bf16_compute_path().rfind("bfloat16", 0) != 0) {
+    GTEST_SKIP() << "skipped: " << bf16_compute_path();
+  }
+  int checked = 0;
+  for (const BackwardCase& c : cases()) {
+    if (c.spec.ill_conditioned) continue;
+    SCOPED_TRACE("case " + c.spec.name);
+    const auto bf16 = [](const TensorView& view) {
+      Tensor t(DType::kBFloat16, view.shape);
+      convert(view, t.view());
+      return t;
+    };
+    const Tensor q = bf16(c.in.query), k = bf16(c.in.key), v = bf16(c.in.value),
+                 g = bf16(c.grad_output.view());
+    AttentionOptions options = c.in.options;
+    options.need_weights = false;
+    options.need_logsumexp = true;
+    ReferenceProblem p = reference_problem(q.view(), k.view(), v.view(), options);
+    p.dropout_factor = c.in.problem.dropout_factor;
+    const GradientCheck check = independent_gradients(p, values_of(g.view()), false, true);
+    AttentionOptions forward_options = options;
+    forward_options.compute = ComputePrecision::kFloat32;
+    Outcome r;
+    r.forward = scaled_dot_product_attention(q.view(), k.view(), v.view(), forward_options);
+    r.gradients = scaled_dot_product_attention_backward(g.view(), q.view(), k.view(), v.view(),
+                                                        r.forward.output.view(),
+                                                        r.forward.logsumexp.view(), options);
+    expect_gradients_close("bfloat16", r, check);
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(SdpaBackward, IndependentGradientMatchesFiniteDifferences) {
   int checked = 0;
   for (const BackwardCase& c : cases()) {

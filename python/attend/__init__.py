@@ -11,9 +11,9 @@ The GIL is released while attend computes. Errors are attend.Error (a ValueError
 wrong dtype or argument type, attend.DTypeError (also a TypeError), with attend's message.
 """
 
-from ._attend import (DTypeError, Error, active_simd_target, compiled_simd_targets,
-                      get_num_threads, set_max_simd_target, set_num_threads,
-                      supported_simd_targets, version)
+from ._attend import (DTypeError, Error, active_simd_target, bf16_compute_path,
+                      compiled_simd_targets, fp16_compute_path, get_num_threads,
+                      set_max_simd_target, set_num_threads, supported_simd_targets, version)
 from ._functional import attention
 from ._modules import (PatchEmbedding, PositionEmbedding, SpatialSelfAttention, TokenEmbedding,
                        add_positional_encoding, load_safetensors, save_safetensors,
@@ -40,7 +40,7 @@ scaled_dot_product_attention = _entry()
 __all__ = [
     "DTypeError", "Error", "MultiheadAttention", "PatchEmbedding", "PositionEmbedding",
     "SpatialSelfAttention", "TokenEmbedding", "active_simd_target", "add_positional_encoding",
-    "attention", "compiled_simd_targets", "get_num_threads", "load_safetensors",
+    "attention", "bf16_compute_path", "compiled_simd_targets", "fp16_compute_path", "get_num_threads", "load_safetensors",
     "save_safetensors", "scaled_dot_product_attention", "set_max_simd_target",
     "set_num_threads", "sinusoidal_positional_encoding", "supported_simd_targets", "version",
 ]

@@ -18,6 +18,8 @@ _ALIGNMENTS = {"top_left": _attend.FLAG_TOP_LEFT, "bottom_right": 0}
 _MASKED_ROWS = {"uniform": 0, "zero": _attend.FLAG_ZERO_MASKED_ROWS}
 _BACKENDS = {"auto": 0, "fused": _attend.FLAG_BACKEND_FUSED,
              "reference": _attend.FLAG_BACKEND_REFERENCE}
+_COMPUTE = {"auto": 0, "float32": _attend.FLAG_COMPUTE_FLOAT32,
+            "bfloat16": _attend.FLAG_COMPUTE_BFLOAT16}
 
 # dtype object -> "bool", "float", "integer" or "other"; filled as dtypes are seen.
 _dtype_kinds = {}
@@ -125,12 +127,13 @@ def _differentiable(query, key, value, mask, bias, rules, sinks, scale, dropout,
                           flags, num_threads)
 
 
-def _rare_flags(return_weights, enable_gqa, fully_masked_rows, backend):
+def _rare_flags(return_weights, enable_gqa, fully_masked_rows, backend, compute_dtype="auto"):
     flags = _NEED_WEIGHTS if return_weights else 0
     if enable_gqa:
         flags |= _attend.FLAG_GROUPED_QUERY
     return flags | _option(_MASKED_ROWS, fully_masked_rows, "fully_masked_rows") | \
-        _option(_BACKENDS, backend, "backend")
+        _option(_BACKENDS, backend, "backend") | \
+        _option(_COMPUTE, compute_dtype, "compute_dtype")
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -138,7 +141,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                  return_weights=False, seed=None, causal_alignment="top_left",
                                  window=None, alibi=None, softcap=None, sinks=None,
                                  segment_ids=None, prefix=0, fully_masked_rows="uniform",
-                                 num_threads=None, out=None, backend="auto"):
+                                 num_threads=None, out=None, backend="auto",
+                                 compute_dtype="auto"):
     """torch.nn.functional.scaled_dot_product_attention on attend's kernels.
 
     query (..., Hq, Lq, E), key (..., Hkv, Lk, E), value (..., Hkv, Lk, Ev): NumPy arrays or
@@ -172,6 +176,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
       num_threads        threads for this call (default: attend.set_num_threads or all cores)
       out                write the output into this array (any strides) and return it
       backend            "auto", "fused" or "reference" (the listing in float64)
+      compute_dtype      precision of the two matrix products: "auto" (bfloat16 inputs in
+                         bfloat16 products where the CPU has AVX512_BF16, else float32),
+                         "float32", or "bfloat16" (inputs rounded to bfloat16; an error on a
+                         CPU without AVX512_BF16); softmax and accumulation stay float32
 
     With torch tensors that require grad, the result is differentiable (query, key, value,
     a float attn_mask and sinks) through attend's fused backward; the weights are not.
@@ -182,8 +190,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         _option(_ALIGNMENTS, causal_alignment, "causal_alignment")
     if is_causal:
         flags |= _CAUSAL
-    if return_weights or enable_gqa or fully_masked_rows != "uniform" or backend != "auto":
-        flags |= _rare_flags(return_weights, enable_gqa, fully_masked_rows, backend)
+    if return_weights or enable_gqa or fully_masked_rows != "uniform" or backend != "auto" or \
+            compute_dtype != "auto":
+        flags |= _rare_flags(return_weights, enable_gqa, fully_masked_rows, backend,
+                             compute_dtype)
     mask = bias = rules = None
     if attn_mask is not None:
         mask, bias = _attend.split_attn_mask(attn_mask, is_causal)

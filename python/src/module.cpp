@@ -194,6 +194,8 @@ PYBIND11_MODULE(_attend, m) {
   m.def("supported_simd_targets", &attend::supported_simd_targets);
   m.def("active_simd_target", &attend::active_simd_target);
   m.def("set_max_simd_target", &attend::set_max_simd_target);
+  m.def("bf16_compute_path", &attend::bf16_compute_path);
+  m.def("fp16_compute_path", &attend::fp16_compute_path);
   m.def("set_num_threads", &set_num_threads);
   m.def("get_num_threads", [] { return resolve_num_threads(0); });
   // How attend sees an array: (address, shape, strides in elements, dtype, "numpy" or

@@ -50,6 +50,9 @@ enum Flag : int {
   // `mask` is PyTorch's attn_mask: bool marks the keys that take part (attend's mask), float
   // is added to the scores (attend's bias).
   kPyTorchMask = 1 << 9,
+  // AttentionOptions::compute: kFloat32 or kBFloat16 (neither: kAuto).
+  kComputeFloat32 = 1 << 10,
+  kComputeBFloat16 = 1 << 11,
 };
 
 // Query heads per key/value head, for enable_gqa.
@@ -215,6 +218,9 @@ Call parse_call(py::handle query, py::handle key, py::handle value, py::handle m
               : (flags & kBackendFused)   ? attend::Backend::kFused
                                           : attend::Backend::kAuto;
   o.num_threads = resolve_num_threads(num_threads);
+  o.compute = (flags & kComputeBFloat16)  ? attend::ComputePrecision::kBFloat16
+              : (flags & kComputeFloat32) ? attend::ComputePrecision::kFloat32
+                                          : attend::ComputePrecision::kAuto;
 
   call.q = call.query.view;
   call.k = call.key.view;
@@ -564,6 +570,8 @@ void bind_sdpa(py::module_& m) {
   m.attr("FLAG_BACKEND_FUSED") = int{kBackendFused};
   m.attr("FLAG_BACKEND_REFERENCE") = int{kBackendReference};
   m.attr("FLAG_UNLESS_GRAD_NEEDED") = int{kUnlessGradNeeded};
+  m.attr("FLAG_COMPUTE_FLOAT32") = int{kComputeFloat32};
+  m.attr("FLAG_COMPUTE_BFLOAT16") = int{kComputeBFloat16};
 }
 
 }  // namespace attend_python

@@ -326,3 +326,27 @@ def test_default_alibi_slopes_match_the_library():
     out = attend.scaled_dot_product_attention(q, k, v, alibi=True)
     slopes = torch.tensor(default_alibi_slopes(6))
     assert_close(out[0, :, 0, 0], torch.sigmoid(slopes), 1e-6, "ALiBi slopes")
+
+
+def test_compute_dtype(generator):
+    """compute_dtype picks the products' precision: bfloat16 inputs in "float32" give the
+    bits of the widened inputs; "bfloat16" rounds float32 inputs (an error where the CPU has
+    no AVX512_BF16)."""
+    q = random(generator, 2, 4, 40, 32)
+    k = random(generator, 2, 4, 50, 32)
+    v = random(generator, 2, 4, 50, 32)
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    wide = attend.scaled_dot_product_attention(qb.float(), kb.float(), vb.float())
+    forced = attend.scaled_dot_product_attention(qb, kb, vb, compute_dtype="float32")
+    assert forced.dtype == torch.bfloat16
+    assert torch.equal(forced, wide.bfloat16())
+    if not attend.bf16_compute_path().startswith("bfloat16"):
+        with pytest.raises(attend.Error, match="AVX512_BF16"):
+            attend.scaled_dot_product_attention(q, k, v, compute_dtype="bfloat16")
+        return
+    rounded = attend.scaled_dot_product_attention(q, k, v, compute_dtype="bfloat16")
+    automatic = attend.scaled_dot_product_attention(qb, kb, vb)
+    assert torch.equal(rounded.bfloat16(), automatic)
+    assert not torch.equal(automatic, forced)
+    with pytest.raises(attend.Error, match="compute_dtype"):
+        attend.scaled_dot_product_attention(q, k, v, compute_dtype="half")

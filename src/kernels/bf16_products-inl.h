@@ -59,7 +59,7 @@ struct Bf16Operands {
   const uint32_t* value = nullptr;  // packed V of the span: pair row (j − begin) / 2
 
   bool Allocate(const SdpaParams& p, int64_t tq, int64_t key_tile) {
-    if (!p.bf16()) return true;
+    if (!p.bf16_products()) return true;
     query_pairs = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(PairsOf(p.head_dim) * tq));
     prob_pairs = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(PairsOf(key_tile) * tq));
     packed_words = PackedWords(p, p.key_len);

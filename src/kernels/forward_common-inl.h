@@ -39,6 +39,11 @@ inline float FullyExcludedLogSumExp(const SdpaParams& p) {
              : static_cast<float>(-1e9 + std::log(static_cast<double>(p.key_len)));
 }
 
+// A bfloat16 or float16 (`dtype`) value as float32 (exact).
+inline float HalfToFloat(DType dtype, uint16_t bits) {
+  return dtype == DType::kFloat16 ? f32_from_f16(bits) : f32_from_bf16(bits);
+}
+
 // One (batch, query tile) work item: the operands' base pointers and the tile's extent.
 struct Tile {
   int64_t batch;
@@ -47,9 +52,9 @@ struct Tile {
   const float* query;   // batch base pointers (null with bfloat16 products)
   const float* key;
   const float* value;
-  const uint16_t* query_bf16;  // batch base pointers with bfloat16 products, else null
-  const uint16_t* key_bf16;
-  const uint16_t* value_bf16;
+  const uint16_t* query_half;  // batch base pointers of half-precision operands, else null
+  const uint16_t* key_half;
+  const uint16_t* value_half;
   int64_t key_stride;    // rows of key and value: the operands' strides, or E and Ev when
   int64_t value_stride;  // the tile reads a packed copy (see PackKeysAndValues)
   float* output;
@@ -102,8 +107,8 @@ void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query)
       const float* v = tile.value + j * tile.value_stride;
       for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * v[c];
     } else {
-      const uint16_t* v = tile.value_bf16 + j * tile.value_stride;
-      for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * f32_from_bf16(v[c]);
+      const uint16_t* v = tile.value_half + j * tile.value_stride;
+      for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * HalfToFloat(p.half_dtype, v[c]);
     }
   }
 }
@@ -114,17 +119,16 @@ void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query)
 void SetTileBatch(const SdpaParams& p, int64_t b, Tile& tile) {
   tile.batch = b;
   const SdpaParams::BatchCoordinates at = p.batch_coordinates(b);
-  if (p.bf16()) {
-    tile.query = tile.key = tile.value = nullptr;
-    tile.query_bf16 = p.query_bf16 + at.offset(p.query_strides);
-    tile.key_bf16 = p.key_bf16 + at.offset(p.key_strides);
-    tile.value_bf16 = p.value_bf16 + at.offset(p.value_strides);
-  } else {
-    tile.query = p.query + at.offset(p.query_strides);
-    tile.key = p.key + at.offset(p.key_strides);
-    tile.value = p.value + at.offset(p.value_strides);
-    tile.query_bf16 = tile.key_bf16 = tile.value_bf16 = nullptr;
-  }
+  // Each operand float32 or half precision (the other pointer null: see SdpaParams).
+  const auto at_batch = [&](const auto* base, const OperandStrides& strides) {
+    return base != nullptr ? base + at.offset(strides) : nullptr;
+  };
+  tile.query = at_batch(p.query, p.query_strides);
+  tile.key = at_batch(p.key, p.key_strides);
+  tile.value = at_batch(p.value, p.value_strides);
+  tile.query_half = at_batch(p.query_half, p.query_strides);
+  tile.key_half = at_batch(p.key_half, p.key_strides);
+  tile.value_half = at_batch(p.value_half, p.value_strides);
   tile.key_stride = p.key_strides.row;
   tile.value_stride = p.value_strides.row;
   tile.output = p.output + at.offset(p.output_strides);

@@ -87,7 +87,7 @@ void RunAllTiles(const SdpaParams& p) {
         const int64_t q0 = (item % tiles_per_batch) * tq;
         Tile tile = MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0));
         if constexpr (BF16) {
-          ws.bf16.Pack(p, tile.key_bf16, tile.key_stride, tile.value_bf16, tile.value_stride,
+          ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
                        span.begin, span.count);
         } else if (pack && span.partial == nullptr) {
           PackKeysAndValues(p, ws.packed, tile);
@@ -117,7 +117,7 @@ void RunTilesOfHeight(const SdpaParams& p) {
 }
 
 void FusedSdpaTiles(const SdpaParams& p) {
-  if (p.bf16()) {
+  if (p.bf16_products()) {
 #if ATTEND_BF16_PRODUCTS
     return RunTilesOfHeight<true>(p);
 #else
@@ -154,7 +154,7 @@ HWY_EXPORT(FusedLanes);
 HWY_EXPORT(PlanFused);
 
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
-  if (params.bf16()) return "bfloat16 products run in query tiles";
+  if (params.bf16_products()) return "bfloat16 products run in query tiles";
   const int64_t lanes = ATTEND_DISPATCH(FusedLanes)();
   if (2 * params.query_len <= lanes) return nullptr;
   return "more queries than half the SIMD lanes (a query tile fills better)";

@@ -30,10 +30,12 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
+#include "half.hpp"
 #include "score_rule_layer.hpp"
 #include "simd_dispatch.hpp"
 
@@ -94,45 +96,134 @@ HWY_INLINE void Block(int64_t depth, const float* a, int64_t a_row, int64_t a_co
   }
 }
 
+// bfloat16 products (SdpaParams::bf16_backward, AVX-512 targets with AVX512_BF16): the same
+// block with k counting pairs, a(m, k) a 32-bit pair of bfloat16 (two consecutive k)
+// broadcast and b's rows pairs (b[2k][n], b[2k + 1][n]) interleaved, two multiply-adds per
+// lane and vdpbf16ps (bf16_products-inl.h describes the instruction).
+#undef ATTEND_BACKWARD_BF16
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+#define ATTEND_BACKWARD_BF16 1
+#define ATTEND_BF16_FN __attribute__((noinline, target("avx512bf16")))
+template <int ROWS, int VECS>
+ATTEND_BF16_FN void BlockBf16(int64_t pairs, const uint32_t* a, int64_t a_row, int64_t a_col,
+                              const uint32_t* HWY_RESTRICT b, int64_t b_row, float* HWY_RESTRICT c,
+                              int64_t c_row, bool accumulate) {
+  __m512 acc[ROWS][VECS];
+  _Pragma("GCC unroll 24") for (int m = 0; m < ROWS; ++m) {
+    _Pragma("GCC unroll 4") for (int v = 0; v < VECS; ++v) {
+      acc[m][v] = accumulate ? _mm512_load_ps(c + m * c_row + v * 16) : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t k = 0; k < pairs; ++k) {
+    __m512bh bv[VECS];
+    _Pragma("GCC unroll 4") for (int v = 0; v < VECS; ++v) {
+      bv[v] = reinterpret_cast<__m512bh>(_mm512_load_si512(b + k * b_row + v * 16));
+    }
+    _Pragma("GCC unroll 24") for (int m = 0; m < ROWS; ++m) {
+      const auto av = reinterpret_cast<__m512bh>(
+          _mm512_set1_epi32(static_cast<int32_t>(a[m * a_row + k * a_col])));
+      _Pragma("GCC unroll 4") for (int v = 0; v < VECS; ++v) {
+        acc[m][v] = _mm512_dpbf16_ps(acc[m][v], av, bv[v]);
+      }
+    }
+  }
+  _Pragma("GCC unroll 24") for (int m = 0; m < ROWS; ++m) {
+    _Pragma("GCC unroll 4") for (int v = 0; v < VECS; ++v) {
+      _mm512_store_ps(c + m * c_row + v * 16, acc[m][v]);
+    }
+  }
+}
+
+// dst[i] = (src[2i], src[2i + 1]) rounded to bfloat16 (nearest even) for i < ⌈n/2⌉ (an odd
+// n's last pair (src[n − 1], 0)).
+ATTEND_BF16_FN void PairsAlongRow(const float* src, int64_t n, uint32_t* dst) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512bh halves =
+        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+    _mm512_storeu_si512(dst + i / 2, reinterpret_cast<__m512i>(halves));
+  }
+  for (; i < n; i += 2) {
+    const uint32_t second = i + 1 < n ? bf16_from_f32(src[i + 1]) : 0u;
+    dst[i / 2] = uint32_t{bf16_from_f32(src[i])} | (second << 16);
+  }
+}
+
+// dst[c] = (first[c], second[c]) rounded to bfloat16 for c < n (a multiple of 16); second
+// null: zeros.
+ATTEND_BF16_FN void PairsAcrossRows(const float* first, const float* second, int64_t n,
+                                    uint32_t* dst) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  for (int64_t c = 0; c < n; c += 16) {
+    const __m512 a = _mm512_loadu_ps(first + c);
+    const __m512 b = second ? _mm512_loadu_ps(second + c) : _mm512_setzero_ps();
+    const auto halves = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
+    _mm512_storeu_si512(dst + c, _mm512_permutexvar_epi16(interleave, halves));
+  }
+}
+#else
+#define ATTEND_BACKWARD_BF16 0
+#endif
+
+// One register block, float32 (A = float) or bfloat16 pairs (A = uint32_t).
+template <int ROWS, int VECS, class A>
+HWY_INLINE void AnyBlock(int64_t depth, const A* a, int64_t a_row, int64_t a_col, const A* b,
+                         int64_t b_row, float* c, int64_t c_row, bool accumulate) {
+  if constexpr (std::is_same_v<A, float>) {
+    Block<ROWS, VECS>(depth, a, a_row, a_col, b, b_row, c, c_row, accumulate);
+  } else {
+#if ATTEND_BACKWARD_BF16
+    BlockBf16<ROWS, VECS>(depth, a, a_row, a_col, b, b_row, c, c_row, accumulate);
+#else
+    HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
+#endif
+  }
+}
+
 // The product over `rows` × `vectors` (c[m][0, vectors·lanes)), in register blocks.
-template <int VECS>
-HWY_INLINE void ProductColumns(int64_t rows, int64_t depth, const float* a, int64_t a_row,
-                               int64_t a_col, const float* b, int64_t b_row, float* c,
-                               int64_t c_row, bool accumulate) {
+template <int VECS, class A>
+HWY_INLINE void ProductColumns(int64_t rows, int64_t depth, const A* a, int64_t a_row,
+                               int64_t a_col, const A* b, int64_t b_row, float* c, int64_t c_row,
+                               bool accumulate) {
   constexpr int kBlockRows = kAccumulators / VECS;
   int64_t m = 0;
   for (; m + kBlockRows <= rows; m += kBlockRows) {
-    Block<kBlockRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
-                            accumulate);
+    AnyBlock<kBlockRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
+                               accumulate);
   }
   for (; m + kTailRows <= rows; m += kTailRows) {
-    Block<kTailRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
-                           accumulate);
+    AnyBlock<kTailRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
+                              accumulate);
   }
   // The last rows - m < kTailRows rows in one narrower block (64 = 10·6 + 4 on AVX-512).
-  const float* a_tail = a + m * a_row;
+  const A* a_tail = a + m * a_row;
   float* c_tail = c + m * c_row;
   switch (rows - m) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
     case 5:
-      return Block<5, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return AnyBlock<5, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
     case 4:
-      return Block<4, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return AnyBlock<4, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
     case 3:
-      return Block<3, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return AnyBlock<3, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
 #endif
     case 2:
-      return Block<2, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return AnyBlock<2, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
     case 1:
-      return Block<1, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return AnyBlock<1, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
     default:
       return;
   }
 }
 
-void Product(int64_t rows, int64_t vectors, int64_t depth, const float* a, int64_t a_row,
-             int64_t a_col, const float* b, int64_t b_row, float* c, int64_t c_row,
-             bool accumulate) {
+// c[m][n] (+)= Σ_k a(m, k)·b[k][n] over rows × vectors of n; with A = uint32_t, `depth`
+// counts pairs of k (bfloat16 products, see BlockBf16).
+template <class A>
+void Product(int64_t rows, int64_t vectors, int64_t depth, const A* a, int64_t a_row, int64_t a_col,
+             const A* b, int64_t b_row, float* c, int64_t c_row, bool accumulate) {
   int64_t v = 0;
   for (; v + kVectors <= vectors; v += kVectors) {
     ProductColumns<kVectors>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
@@ -180,6 +271,19 @@ struct BackwardWorkspace {
   // in an OpenMP region may throw).
   hwy::AlignedFreeUniquePtr<int64_t[]> dead_rows;
   int64_t dead_count = 0;
+  // bfloat16 products only (SdpaParams::bf16_backward; E2 = ⌈E/2⌉, Ev2 = ⌈Ev/2⌉): 32-bit
+  // pairs of bfloat16, each product's operands in the layout BlockBf16 reads.
+  hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs_t;  // [t][E2][Tq]   Q along E (unscaled)
+  hwy::AlignedFreeUniquePtr<uint32_t[]> dout_pairs_t;   // [t][Ev2][Tq]  dO along Ev
+  hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs;    // [Lq_pad/2][E_pad]  Q along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> dout_pairs;     // [Lq_pad/2][Ev_pad] dO along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> key_rows;       // [Tk][E_pad/2]   K along E
+  hwy::AlignedFreeUniquePtr<uint32_t[]> value_rows;     // [Tk][Ev_pad/2]  V along Ev
+  hwy::AlignedFreeUniquePtr<uint32_t[]> key_pairs;      // [Tk/2][E_pad]   K along keys
+  hwy::AlignedFreeUniquePtr<uint32_t[]> prob_pairs;     // [Tk][Tq/2]  P̃ᵀ along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> grad_pairs;     // [Tk][Tq/2]  dSᵀ along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> grad_pairs_t;   // [Tk/2][Tq]  dSᵀ along keys
+  bool bf16_ok = true;
 
   explicit BackwardWorkspace(const SdpaParams& p)
       : tq(std::min(kMaxQueryVectors, (p.query_len + kLanes - 1) / kLanes) * kLanes),
@@ -207,11 +311,27 @@ struct BackwardWorkspace {
     row_rules.Allocate(tq);
     if (has_pairwise_rules(p)) pair_keep.Allocate(kKeyTile, tq);
     row_keep = hwy::AllocateAligned<uint8_t>(n(p.user_rules ? p.key_len : 1));
+    if (p.bf16_backward) {
+      const int64_t e2 = (p.head_dim + 1) / 2, ev2 = (p.value_dim + 1) / 2;
+      const auto u32 = [&](int64_t count) { return hwy::AllocateAligned<uint32_t>(n(count)); };
+      query_pairs_t = u32(lq_pad * e2);
+      dout_pairs_t = u32(lq_pad * ev2);
+      query_pairs = u32(lq_pad / 2 * e_pad);
+      dout_pairs = u32(lq_pad / 2 * ev_pad);
+      key_rows = u32(kKeyTile * e_pad / 2);
+      value_rows = u32(kKeyTile * ev_pad / 2);
+      key_pairs = u32(kKeyTile / 2 * e_pad);
+      prob_pairs = u32(kKeyTile * tq / 2);
+      grad_pairs = u32(kKeyTile * tq / 2);
+      grad_pairs_t = u32(kKeyTile / 2 * tq);
+      bf16_ok = query_pairs_t && dout_pairs_t && query_pairs && dout_pairs && key_rows &&
+                value_rows && key_pairs && prob_pairs && grad_pairs && grad_pairs_t;
+    }
   }
   bool ok() const {
     return query_t && dout_t && query && dout && lse2 && delta && dq && key && dk && dv && prob_t &&
            grad_t && keep && dead_rows && after_softcap && before_user && row_rules.ok() &&
-           row_keep && pair_keep.ok();
+           row_keep && pair_keep.ok() && bf16_ok;
   }
 };
 
@@ -255,8 +375,9 @@ class BackwardItem {
   // Q̂ᵀ, Qᵀ padded, dOᵀ, dO padded, lse₂, D and the dead rows of batch index b_.
   void LoadQueryRows() {
     const int64_t lq = p_.query_len, lq_pad = ws_.lq_pad, e_pad = ws_.e_pad, ev_pad = ws_.ev_pad;
-    // Natural units when the scores are modified (ModifyScores applies log2 e).
-    const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
+    // Natural units when the scores are modified (ModifyScores applies log2 e); bfloat16
+    // products scale the float32 scores instead (ScoreFactor).
+    const float factor = p_.bf16_backward ? 1.0f : ScoreFactor();
     const float* dout = bp_.grad_output + p_.batch_offset(bp_.grad_output_strides, b_);
     const float* out = p_.output + p_.batch_offset(p_.output_strides, b_);
     const float* lse = bp_.logsumexp + p_.batch_offset(bp_.logsumexp_strides, b_);
@@ -294,6 +415,56 @@ class BackwardItem {
         ws_.dead_rows[ws_.dead_count++] = i;  // P = 1/Lk, no gradient to S: dV only
       }
     }
+    if (p_.bf16_backward) PackQueryPairs();
+  }
+
+  // Q̂ = Q·factor: scale·log2 e, or the scale alone when the scores are modified.
+  float ScoreFactor() const { return has_score_mods(p_) ? p_.scale : p_.scale * kLog2e; }
+
+  // The item's Q and dO as bfloat16 pairs: along E and Ev per query tile (from the
+  // transposed Qᵀ and dOᵀ), and along the queries (from the padded rows).
+  void PackQueryPairs() {
+#if ATTEND_BACKWARD_BF16
+    const int64_t tq = ws_.tq, e = p_.head_dim, ev = p_.value_dim;
+    const int64_t e2 = (e + 1) / 2, ev2 = (ev + 1) / 2;
+    for (int64_t t0 = 0; t0 < ws_.lq_pad; t0 += tq) {
+      const float* q_t = ws_.query_t.get() + t0 * e;
+      const float* g_t = ws_.dout_t.get() + t0 * ev;
+      for (int64_t i = 0; i < e2; ++i) {
+        PairsAcrossRows(q_t + 2 * i * tq, 2 * i + 1 < e ? q_t + (2 * i + 1) * tq : nullptr, tq,
+                        ws_.query_pairs_t.get() + t0 * e2 + i * tq);
+      }
+      for (int64_t i = 0; i < ev2; ++i) {
+        PairsAcrossRows(g_t + 2 * i * tq, 2 * i + 1 < ev ? g_t + (2 * i + 1) * tq : nullptr, tq,
+                        ws_.dout_pairs_t.get() + t0 * ev2 + i * tq);
+      }
+    }
+    for (int64_t i = 0; i < ws_.lq_pad; i += 2) {
+      PairsAcrossRows(ws_.query.get() + i * ws_.e_pad, ws_.query.get() + (i + 1) * ws_.e_pad,
+                      ws_.e_pad, ws_.query_pairs.get() + i / 2 * ws_.e_pad);
+      PairsAcrossRows(ws_.dout.get() + i * ws_.ev_pad, ws_.dout.get() + (i + 1) * ws_.ev_pad,
+                      ws_.ev_pad, ws_.dout_pairs.get() + i / 2 * ws_.ev_pad);
+    }
+#endif
+  }
+
+  // The key tile's K and V as bfloat16 pairs: K and V along E and Ev, K along the keys.
+  void PackKeyPairs(int64_t k0, int64_t keys) {
+#if ATTEND_BACKWARD_BF16
+    const int64_t e_pad = ws_.e_pad, ev_half = ws_.ev_pad / 2;
+    for (int64_t j = 0; j < keys; ++j) {
+      PairsAlongRow(ws_.key.get() + j * e_pad, e_pad, ws_.key_rows.get() + j * e_pad / 2);
+      PairsAlongRow(value_ + (k0 + j) * p_.value_strides.row, p_.value_dim,
+                    ws_.value_rows.get() + j * ev_half);
+    }
+    for (int64_t j = 0; j < keys; j += 2) {
+      PairsAcrossRows(ws_.key.get() + j * e_pad,
+                      j + 1 < keys ? ws_.key.get() + (j + 1) * e_pad : nullptr, e_pad,
+                      ws_.key_pairs.get() + j / 2 * e_pad);
+    }
+#else
+    (void)k0, (void)keys;
+#endif
   }
 
   bool RowHasVisibleKey(int64_t i) const {
@@ -310,6 +481,7 @@ class BackwardItem {
     }
     std::fill_n(ws_.dk.get(), kKeyTile * e_pad, 0.0f);
     std::fill_n(ws_.dv.get(), kKeyTile * ev_pad, 0.0f);
+    if (p_.bf16_backward) PackKeyPairs(k0, keys);
     // Query tiles that see at least one key of this tile (causality: from the first query
     // whose last key reaches k0); the rules skip the others (RowRules::Classify).
     int64_t q_begin = 0;
@@ -352,22 +524,73 @@ class BackwardItem {
     float* prob_t = ws_.prob_t.get();
     float* grad_t = ws_.grad_t.get();
     // Sᵀ = K·Q̂ᵀ and dP̃ᵀ = V·dOᵀ: (keys × Tq), E and Ev deep.
-    Product(keys, tq / kLanes, p_.head_dim, ws_.key.get(), e_pad, 1,
-            ws_.query_t.get() + q0 * p_.head_dim, tq, prob_t, tq, false);
-    Product(keys, tq / kLanes, p_.value_dim, value_ + k0 * p_.value_strides.row,
-            p_.value_strides.row, 1, ws_.dout_t.get() + q0 * p_.value_dim, tq, grad_t, tq, false);
+    if (p_.bf16_backward) {
+      const int64_t e2 = (p_.head_dim + 1) / 2, ev2 = (p_.value_dim + 1) / 2;
+      Product(keys, tq / kLanes, e2, ws_.key_rows.get(), e_pad / 2, 1,
+              ws_.query_pairs_t.get() + q0 * e2, tq, prob_t, tq, false);
+      Product(keys, tq / kLanes, ev2, ws_.value_rows.get(), ev_pad / 2, 1,
+              ws_.dout_pairs_t.get() + q0 * ev2, tq, grad_t, tq, false);
+      ScaleScores(keys);
+    } else {
+      Product(keys, tq / kLanes, p_.head_dim, ws_.key.get(), e_pad, 1,
+              ws_.query_t.get() + q0 * p_.head_dim, tq, prob_t, tq, false);
+      Product(keys, tq / kLanes, p_.value_dim, value_ + k0 * p_.value_strides.row,
+              p_.value_strides.row, 1, ws_.dout_t.get() + q0 * p_.value_dim, tq, grad_t, tq, false);
+    }
     AdjustScores(k0, keys, q0, verdict);
     if (p_.dropout > 0) DropoutFactors(k0, keys, q0);
     SoftmaxGradient(keys, q0);
     ModificationGradients(k0, keys, q0);
     // dV += P̃ᵀ·dO, dK += dSᵀ·Q (Tq deep), dQ += dS·K (keys deep).
     const int64_t rows = std::min(tq, p_.query_len - q0);
+    if (p_.bf16_backward) {
+      // P̃ and dS rounded to bfloat16 (pairs along the queries for dV and dK, along the keys
+      // for dQ); padded queries have P = dS = 0 and dO = Q = 0.
+      PackTilePairs(keys);
+      const int64_t row_pairs = (rows + 1) / 2, key_pairs = (keys + 1) / 2;
+      Product(keys, ev_pad / kLanes, row_pairs, ws_.prob_pairs.get(), tq / 2, 1,
+              ws_.dout_pairs.get() + q0 / 2 * ev_pad, ev_pad, ws_.dv.get(), ev_pad, true);
+      Product(keys, e_pad / kLanes, row_pairs, ws_.grad_pairs.get(), tq / 2, 1,
+              ws_.query_pairs.get() + q0 / 2 * e_pad, e_pad, ws_.dk.get(), e_pad, true);
+      Product(rows, e_pad / kLanes, key_pairs, ws_.grad_pairs_t.get(), 1, tq, ws_.key_pairs.get(),
+              e_pad, ws_.dq.get() + q0 * e_pad, e_pad, true);
+      return;
+    }
     Product(keys, ev_pad / kLanes, rows, prob_t, tq, 1, ws_.dout.get() + q0 * ev_pad, ev_pad,
             ws_.dv.get(), ev_pad, true);
     Product(keys, e_pad / kLanes, rows, grad_t, tq, 1, ws_.query.get() + q0 * e_pad, e_pad,
             ws_.dk.get(), e_pad, true);
     Product(rows, e_pad / kLanes, keys, grad_t, 1, tq, ws_.key.get(), e_pad,
             ws_.dq.get() + q0 * e_pad, e_pad, true);
+  }
+
+  // Sᵀ ·= ScoreFactor() (the bfloat16 products' Q is unscaled).
+  void ScaleScores(int64_t keys) {
+    const DF d;
+    const VF factor = hn::Set(d, ScoreFactor());
+    float* s = ws_.prob_t.get();
+    for (int64_t i = 0; i < keys * ws_.tq; i += kLanes) {
+      hn::Store(hn::Mul(hn::Load(d, s + i), factor), d, s + i);
+    }
+  }
+
+  // P̃ᵀ and dSᵀ of the tile as bfloat16 pairs (see BackwardWorkspace).
+  void PackTilePairs(int64_t keys) {
+#if ATTEND_BACKWARD_BF16
+    const int64_t tq = ws_.tq;
+    const float* prob_t = ws_.prob_t.get();
+    const float* grad_t = ws_.grad_t.get();
+    for (int64_t j = 0; j < keys; ++j) {
+      PairsAlongRow(prob_t + j * tq, tq, ws_.prob_pairs.get() + j * tq / 2);
+      PairsAlongRow(grad_t + j * tq, tq, ws_.grad_pairs.get() + j * tq / 2);
+    }
+    for (int64_t j = 0; j < keys; j += 2) {
+      PairsAcrossRows(grad_t + j * tq, j + 1 < keys ? grad_t + (j + 1) * tq : nullptr, tq,
+                      ws_.grad_pairs_t.get() + j / 2 * tq);
+    }
+#else
+    (void)keys;
+#endif
   }
 
   // The score rules (score_rule_layer.hpp, as the forward applies them), excluded pairs -inf

@@ -67,7 +67,11 @@ std::string chosen_kernel(const SdpaParams& params, Backend backend) {
   std::string name = c.name;
   if (c.backend == Backend::kFused) {
     const FusedPlan plan = fused_sdpa_plan(params, c.run == fused_sdpa_rows);
-    if (params.bf16()) name += " (bfloat16 products)";
+    if (params.bf16_products()) {
+      name += " (bfloat16 products)";
+    } else if (params.half_kv()) {
+      name += params.half_dtype == DType::kFloat16 ? " (float16 K/V)" : " (bfloat16 K/V)";
+    }
     if (plan.chunks > 1) name += " + key split (" + std::to_string(plan.chunks) + " chunks)";
   }
   return name;

@@ -237,7 +237,7 @@ class TileAttention {
     const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
     if constexpr (BF16) {
       score_factor_ = factor;
-      LoadQueryPairs(p_, tile.query_bf16, tile.first_query, tile.rows, kTq,
+      LoadQueryPairs(p_, tile.query_half, tile.first_query, tile.rows, kTq,
                      ws_.bf16.query_pairs.get());
       return;
     }

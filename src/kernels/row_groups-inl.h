@@ -16,8 +16,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "dropout.hpp"
+#include "half.hpp"
 #include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
 
@@ -53,6 +55,36 @@ constexpr int kRowGroup = 2;
 // allocation per call), on the heap beyond.
 constexpr int64_t kInlineKeys = 256;
 constexpr int64_t kInlineValueDim = 256;
+
+// The element type of the K and V the row groups read: float32, or bfloat16 / float16 widened
+// to float32 as they are loaded (SdpaParams::half_kv: the bytes a decoding step reads halve,
+// the arithmetic and its results stay those of float32 on the widened values).
+enum class KvType { kF32, kBF16, kF16 };
+template <KvType K>
+using KvPtr = std::conditional_t<K == KvType::kF32, const float*, const uint16_t*>;
+
+// One vector of K or V from `p` (unaligned), as float32.
+template <KvType K>
+HWY_INLINE VF LoadKV(DF d, KvPtr<K> p) {
+  if constexpr (K == KvType::kF32) {
+    return hn::LoadU(d, p);
+  } else {
+    using Half = std::conditional_t<K == KvType::kBF16, hwy::bfloat16_t, hwy::float16_t>;
+    const hn::Rebind<Half, DF> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const Half*>(p)));
+  }
+}
+// Element i of K or V, as float32.
+template <KvType K>
+HWY_INLINE float KvAt(KvPtr<K> p, int64_t i) {
+  if constexpr (K == KvType::kF32) {
+    return p[i];
+  } else if constexpr (K == KvType::kBF16) {
+    return f32_from_bf16(p[i]);
+  } else {
+    return f32_from_f16(p[i]);
+  }
+}
 
 struct RowWorkspace {
   float* scores;  // [kRowGroup][score_stride]: Lk rounded up to lanes
@@ -113,25 +145,26 @@ struct RowWorkspace {
 };
 
 // Σ_e a[e]·b[e] for four rows b0..b3 at once (lanes along e, scalar tail).
-HWY_INLINE void Dot4(const float* HWY_RESTRICT a, const float* b0, const float* b1, const float* b2,
-                     const float* b3, int64_t n, float* HWY_RESTRICT out) {
+template <KvType K>
+HWY_INLINE void Dot4(const float* HWY_RESTRICT a, KvPtr<K> b0, KvPtr<K> b1, KvPtr<K> b2,
+                     KvPtr<K> b3, int64_t n, float* HWY_RESTRICT out) {
   const DF d;
   VF acc0 = hn::Zero(d), acc1 = hn::Zero(d), acc2 = hn::Zero(d), acc3 = hn::Zero(d);
   int64_t e = 0;
   for (; e + kLanes <= n; e += kLanes) {
     const VF av = hn::LoadU(d, a + e);
-    acc0 = hn::MulAdd(av, hn::LoadU(d, b0 + e), acc0);
-    acc1 = hn::MulAdd(av, hn::LoadU(d, b1 + e), acc1);
-    acc2 = hn::MulAdd(av, hn::LoadU(d, b2 + e), acc2);
-    acc3 = hn::MulAdd(av, hn::LoadU(d, b3 + e), acc3);
+    acc0 = hn::MulAdd(av, LoadKV<K>(d, b0 + e), acc0);
+    acc1 = hn::MulAdd(av, LoadKV<K>(d, b1 + e), acc1);
+    acc2 = hn::MulAdd(av, LoadKV<K>(d, b2 + e), acc2);
+    acc3 = hn::MulAdd(av, LoadKV<K>(d, b3 + e), acc3);
   }
   float s0 = hn::GetLane(hn::SumOfLanes(d, acc0)), s1 = hn::GetLane(hn::SumOfLanes(d, acc1));
   float s2 = hn::GetLane(hn::SumOfLanes(d, acc2)), s3 = hn::GetLane(hn::SumOfLanes(d, acc3));
   for (; e < n; ++e) {
-    s0 += a[e] * b0[e];
-    s1 += a[e] * b1[e];
-    s2 += a[e] * b2[e];
-    s3 += a[e] * b3[e];
+    s0 += a[e] * KvAt<K>(b0, e);
+    s1 += a[e] * KvAt<K>(b1, e);
+    s2 += a[e] * KvAt<K>(b2, e);
+    s3 += a[e] * KvAt<K>(b3, e);
   }
   out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
 }
@@ -143,8 +176,8 @@ HWY_INLINE void Dot4(const float* HWY_RESTRICT a, const float* b0, const float* 
 // whose vectors is then loaded once for the G rows; else each row reads its own K (rows of
 // different heads: G streams from memory, where one would leave the core's memory
 // parallelism unused).
-template <int G, bool kShared>
-HWY_INLINE void QuadScores(const float* const* query, const float* const* key, int64_t key_stride,
+template <int G, bool kShared, KvType K>
+HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, int64_t key_stride,
                            int64_t head_dim, int64_t key_end, float* scores, int64_t score_stride) {
   const DF d;
   const hn::RebindToSigned<DF> di;
@@ -160,11 +193,11 @@ HWY_INLINE void QuadScores(const float* const* query, const float* const* key, i
     for (int64_t e = 0; e < head_dim; e += kLanes) {
       VF k[4];
       if constexpr (kShared) {
-        for (int c = 0; c < 4; ++c) k[c] = hn::LoadU(d, key[0] + (j + c) * key_stride + e);
+        for (int c = 0; c < 4; ++c) k[c] = LoadKV<K>(d, key[0] + (j + c) * key_stride + e);
       }
       for (int r = 0; r < G; ++r) {
         if constexpr (!kShared) {
-          for (int c = 0; c < 4; ++c) k[c] = hn::LoadU(d, key[r] + (j + c) * key_stride + e);
+          for (int c = 0; c < 4; ++c) k[c] = LoadKV<K>(d, key[r] + (j + c) * key_stride + e);
         }
         const VF q = hn::LoadU(d, query[r] + e);
         for (int c = 0; c < 4; ++c) acc[r][c] = hn::MulAdd(q, k[c], acc[r][c]);
@@ -190,7 +223,7 @@ HWY_INLINE void QuadScores(const float* const* query, const float* const* key, i
       VF acc = hn::Zero(d);
       for (int64_t e = 0; e < head_dim; e += kLanes) {
         acc =
-            hn::MulAdd(hn::LoadU(d, query[r] + e), hn::LoadU(d, key[r] + j * key_stride + e), acc);
+            hn::MulAdd(hn::LoadU(d, query[r] + e), LoadKV<K>(d, key[r] + j * key_stride + e), acc);
       }
       pending[r] = hn::IfThenElse(at_lane, hn::SumOfLanes(d, acc), pending[r]);
       if (lane == kLanes - 1) hn::Store(pending[r], d, scores + r * score_stride + j + 1 - kLanes);
@@ -207,8 +240,9 @@ HWY_INLINE void QuadScores(const float* const* query, const float* const* key, i
 // Scores of keys [0, key_end) for one row with any E: Dot4 and a scalar tail, each score
 // put into its lane of a register vector that is stored whole (a vector load of bytes
 // written by scalar stores would stall store-to-load forwarding).
-HWY_INLINE void RowScores(const float* query, const float* key, int64_t key_stride,
-                          int64_t head_dim, int64_t key_end, float* scores) {
+template <KvType K>
+HWY_INLINE void RowScores(const float* query, KvPtr<K> key, int64_t key_stride, int64_t head_dim,
+                          int64_t key_end, float* scores) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const auto lanes = hn::Iota(di, 0);
@@ -223,13 +257,13 @@ HWY_INLINE void RowScores(const float* query, const float* key, int64_t key_stri
   int64_t j = 0;
   for (; j + 4 <= key_end; j += 4) {
     float dots[4];
-    Dot4(query, key + j * key_stride, key + (j + 1) * key_stride, key + (j + 2) * key_stride,
-         key + (j + 3) * key_stride, head_dim, dots);
+    Dot4<K>(query, key + j * key_stride, key + (j + 1) * key_stride, key + (j + 2) * key_stride,
+            key + (j + 3) * key_stride, head_dim, dots);
     for (int k = 0; k < 4; ++k) put(j + k, dots[k]);
   }
   for (; j < key_end; ++j) {
     float s = 0;
-    for (int64_t e = 0; e < head_dim; ++e) s += query[e] * key[j * key_stride + e];
+    for (int64_t e = 0; e < head_dim; ++e) s += query[e] * KvAt<K>(key, j * key_stride + e);
     put(j, s);
   }
   if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
@@ -239,8 +273,8 @@ HWY_INLINE void RowScores(const float* query, const float* key, int64_t key_stri
 // multiple of kLanes), starting from zero when `first`; when `last`, stores
 // out_r·factor_r into dest_r instead of out_r. kShared: the rows share one V (value[0]),
 // each of whose vectors is loaded once for the G rows; else each row reads its own.
-template <int G, bool kShared>
-HWY_INLINE void AccumulateRows(const float* const* prob, const float* const* value,
+template <int G, bool kShared, KvType K>
+HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value,
                                int64_t value_stride, int64_t keys, int64_t columns, bool first,
                                bool last, const float* factor, float* const* out,
                                float* const* dest) {
@@ -255,13 +289,13 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const float* const* val
     for (int64_t j = 0; j < keys; ++j) {
       VF v0, v1;
       if constexpr (kShared) {
-        const float* v = value[0] + j * value_stride + c;
-        v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + kLanes);
+        const KvPtr<K> v = value[0] + j * value_stride + c;
+        v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
       }
       for (int r = 0; r < G; ++r) {
         if constexpr (!kShared) {
-          const float* v = value[r] + j * value_stride + c;
-          v0 = hn::LoadU(d, v), v1 = hn::LoadU(d, v + kLanes);
+          const KvPtr<K> v = value[r] + j * value_stride + c;
+          v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
         }
         const VF pj = hn::Set(d, prob[r][j]);
         acc0[r] = hn::MulAdd(pj, v0, acc0[r]);
@@ -284,7 +318,7 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const float* const* val
     for (int r = 0; r < G; ++r) acc[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
     for (int64_t j = 0; j < keys; ++j) {
       for (int r = 0; r < G; ++r) {
-        const VF v = hn::LoadU(d, value[kShared ? 0 : r] + j * value_stride + c);
+        const VF v = LoadKV<K>(d, value[kShared ? 0 : r] + j * value_stride + c);
         acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
       }
     }
@@ -298,7 +332,7 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const float* const* val
   }
 }
 
-template <int G>
+template <int G, KvType K>
 class RowGroupAttention {
  public:
   RowGroupAttention(const SdpaParams& p, RowWorkspace& ws) : p_(p), ws_(ws) {}
@@ -333,8 +367,13 @@ class RowGroupAttention {
       group_key_end = std::max(group_key_end, key_end_[r]);
       scores_[r] = ws_.scores + r * ws_.score_stride;
       query_[r] = tile_[r]->query + row_[r] * p_.query_strides.row;
-      key_[r] = tile_[r]->key + span.begin * p_.key_strides.row;
-      value_[r] = tile_[r]->value + span.begin * p_.value_strides.row;
+      if constexpr (K == KvType::kF32) {
+        key_[r] = tile_[r]->key + span.begin * p_.key_strides.row;
+        value_[r] = tile_[r]->value + span.begin * p_.value_strides.row;
+      } else {
+        key_[r] = tile_[r]->key_half + span.begin * p_.key_strides.row;
+        value_[r] = tile_[r]->value_half + span.begin * p_.value_strides.row;
+      }
     }
     const int64_t padded_end = static_cast<int64_t>(
         hwy::RoundUpTo(static_cast<size_t>(group_key_end), static_cast<size_t>(kLanes)));
@@ -461,7 +500,7 @@ class RowGroupAttention {
     const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
     for (int64_t k0 = 0; k0 < group_key_end; k0 += kKeyChunk) {
       const float* prob[G];
-      const float* value[G];
+      KvPtr<K> value[G];
       for (int r = 0; r < G; ++r) {
         prob[r] = scores_[r] + k0;
         value[r] = value_[r] + k0 * p_.value_strides.row;
@@ -469,18 +508,18 @@ class RowGroupAttention {
       const int64_t keys = std::min(kKeyChunk, group_key_end - k0);
       const bool first = k0 == 0, last = k0 + kKeyChunk >= group_key_end;
       if (shared) {
-        AccumulateRows<G, true>(prob, value, p_.value_strides.row, keys, vector_columns, first,
-                                last, out_factor_, out_, dest_);
+        AccumulateRows<G, true, K>(prob, value, p_.value_strides.row, keys, vector_columns, first,
+                                   last, out_factor_, out_, dest_);
       } else {
-        AccumulateRows<G, false>(prob, value, p_.value_strides.row, keys, vector_columns, first,
-                                 last, out_factor_, out_, dest_);
+        AccumulateRows<G, false, K>(prob, value, p_.value_strides.row, keys, vector_columns, first,
+                                    last, out_factor_, out_, dest_);
       }
     }
     for (int r = 0; r < G; ++r) {
       for (int64_t c = vector_columns; c < p_.value_dim; ++c) {
         float acc = 0;
         for (int64_t j = 0; j < key_end_[r]; ++j) {
-          acc += scores_[r][j] * value_[r][j * p_.value_strides.row + c];
+          acc += scores_[r][j] * KvAt<K>(value_[r], j * p_.value_strides.row + c);
         }
         dest_[r][c] = acc * out_factor_[r];
       }
@@ -513,18 +552,18 @@ class RowGroupAttention {
 #if ATTEND_QUAD_SUMS
     if (p_.head_dim % kLanes == 0) {
       if (shared) {
-        QuadScores<G, true>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
-                            ws_.score_stride);
+        QuadScores<G, true, K>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
+                               ws_.score_stride);
       } else {
-        QuadScores<G, false>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
-                             ws_.score_stride);
+        QuadScores<G, false, K>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
+                                ws_.score_stride);
       }
       return;
     }
 #endif
     (void)shared;  // RowScores reads each row's own K
     for (int r = 0; r < G; ++r) {
-      RowScores(query_[r], key_[r], p_.key_strides.row, p_.head_dim, key_end, scores_[r]);
+      RowScores<K>(query_[r], key_[r], p_.key_strides.row, p_.head_dim, key_end, scores_[r]);
     }
   }
 
@@ -540,15 +579,15 @@ class RowGroupAttention {
   float out_factor_[G];
   float* scores_[G];
   const float* query_[G];
-  const float* key_[G];
-  const float* value_[G];
+  KvPtr<K> key_[G];
+  KvPtr<K> value_[G];
   float* out_[G];
   float* dest_[G];
 };
 
 // Work items: groups of up to kRowGroup consecutive rows of one batch index or, with one
 // query per batch index (decoding), the rows of up to kRowGroup consecutive batch indices.
-template <int G>
+template <int G, KvType K>
 void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, bool across,
                  KeySpan span) {
   const Tile* tiles[G];
@@ -567,9 +606,11 @@ void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, 
   // batch dimensions that differ (stride 0: multi-query attention).
   bool shared = true;
   for (int r = 1; r < G; ++r) {
-    shared = shared && tiles[r]->key == tiles[0]->key && tiles[r]->value == tiles[0]->value;
+    shared = shared && tiles[r]->key == tiles[0]->key && tiles[r]->value == tiles[0]->value &&
+             tiles[r]->key_half == tiles[0]->key_half &&
+             tiles[r]->value_half == tiles[0]->value_half;
   }
-  RowGroupAttention<G>(p, ws).Run(tiles, queries, shared, span);
+  RowGroupAttention<G, K>(p, ws).Run(tiles, queries, shared, span);
 }
 
 // The row groups of a call: item → (first batch index, first query, rows).
@@ -591,13 +632,19 @@ struct RowGroups {
         kRowGroup, across ? p.batch - first_batch(item) : p.query_len - first_query(item));
   }
   void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
+    if (!p.half_kv()) return RunOfType<KvType::kF32>(p, ws, item, span);
+    if (p.half_dtype == DType::kFloat16) return RunOfType<KvType::kF16>(p, ws, item, span);
+    RunOfType<KvType::kBF16>(p, ws, item, span);
+  }
+  template <KvType K>
+  void RunOfType(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     const int64_t b0 = first_batch(item), q0 = first_query(item), n = rows(p, item);
     if constexpr (kRowGroup == 4) {
-      if (n == 4) return RunRowGroup<4>(p, ws, b0, q0, across, span);
-      if (n == 3) return RunRowGroup<3>(p, ws, b0, q0, across, span);
+      if (n == 4) return RunRowGroup<4, K>(p, ws, b0, q0, across, span);
+      if (n == 3) return RunRowGroup<3, K>(p, ws, b0, q0, across, span);
     }
-    if (n == 2) return RunRowGroup<2>(p, ws, b0, q0, across, span);
-    RunRowGroup<1>(p, ws, b0, q0, across, span);
+    if (n == 2) return RunRowGroup<2, K>(p, ws, b0, q0, across, span);
+    RunRowGroup<1, K>(p, ws, b0, q0, across, span);
   }
 };
 

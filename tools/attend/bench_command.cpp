@@ -230,7 +230,12 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
   const bool memory_bound = c.memory_bound();
   if (memory_bound) result.read_gbps = probes.read_bandwidths.at(result.threads).gbps;
   result.timing = time_case(c, result.threads, settings, &result.kernel);
-  result.bf16_peak = result.kernel.find("bfloat16 products") != std::string::npos;
+  // bfloat16 products ran: the attention's kernel says so; the backward and the modules
+  // take them for bfloat16 inputs wherever the CPU has them.
+  result.bf16_peak =
+      result.kernel.find("bfloat16 products") != std::string::npos ||
+      (c.workload != bench::Workload::kAttention && c.shape.dtype == DType::kBFloat16 &&
+       bf16_compute_path().rfind("bfloat16", 0) == 0);
   result.peak_gflops = result.bf16_peak ? probes.bf16_peaks.at(result.threads).gflops
                                         : probes.peaks.at(result.threads).gflops;
   const double seconds = result.timing.median_seconds;
