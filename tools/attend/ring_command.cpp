@@ -280,9 +280,11 @@ void run_ring(const RingArguments& a, const CLI::App& command) {
     if (!a.lse_path.empty() && per_rank(a.lse_path) != shards) {
       throw Error("--lse must name per-rank files ({rank}) exactly when the inputs do");
     }
-    check_output_path("--out", shards ? for_rank(a.output_path, rank) : a.output_path);
-    if (!a.lse_path.empty()) {
-      check_output_path("--lse", shards ? for_rank(a.lse_path, rank) : a.lse_path);
+    if (shards || rank == 0) {  // whole files: rank 0 writes them
+      check_output_path("--out", shards ? for_rank(a.output_path, rank) : a.output_path);
+      if (!a.lse_path.empty()) {
+        check_output_path("--lse", shards ? for_rank(a.lse_path, rank) : a.lse_path);
+      }
     }
   });
 
