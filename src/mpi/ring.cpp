@@ -81,7 +81,7 @@ void uniform_rows(const detail::Communicator& comm, const RingPlan& plan, detail
   for (int step = 0; step < plan.ranks; ++step) {
     if (step > 0) {
       blocks.start(comm, step - 1);
-      blocks.finish(step);
+      blocks.finish();
     }
     const TensorView v = blocks.value(step);
     const int owner = blocks.owner(step);
@@ -139,7 +139,7 @@ ShardResult ring_attention(MPI_Comm comm_in, const TensorView& query, const Tens
         detail::check_mpi(MPI_Barrier(comm.get()), "MPI_Barrier");
         blocks.start(comm, step - 1);
       }
-      stats.wait_seconds += blocks.finish(step);
+      stats.wait_seconds += blocks.finish();
     }
     if (parallel.overlap && step + 1 < plan.ranks) blocks.start(comm, step);
     const auto compute_start = std::chrono::steady_clock::now();

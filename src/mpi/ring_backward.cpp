@@ -140,7 +140,7 @@ AttentionGradients ring_attention_backward(MPI_Comm comm_in, const TensorView& g
         detail::check_mpi(MPI_Barrier(comm.get()), "MPI_Barrier");
         blocks.start(comm, step - 1);
       }
-      stats.wait_seconds += blocks.finish(step);
+      stats.wait_seconds += blocks.finish();
     }
     if (parallel.overlap && step + 1 < plan.ranks) blocks.start(comm, step);
     const int owner = blocks.owner(step);

@@ -519,7 +519,7 @@ void KeyBlocks::start(const Communicator& comm, int step) {
   bytes_sent_ += static_cast<uint64_t>(send) * sizeof(float);
 }
 
-double KeyBlocks::finish(int /*step*/) {
+double KeyBlocks::finish() {
   const auto start = std::chrono::steady_clock::now();
   check_mpi(MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE), "MPI_Waitall on a key/value shard");
   current_ = 1 - current_;

@@ -96,7 +96,7 @@ class KeyBlocks {
   // Sends the block of step s onward and receives that of step s + 1; finish() waits for both
   // and makes it current. Returns seconds blocked.
   void start(const Communicator& comm, int step);
-  double finish(int step);
+  double finish();
   uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
