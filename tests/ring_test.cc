@@ -396,6 +396,57 @@ TEST(Ring, FullyExcludedRows) {
   }
 }
 
+Tensor as_dtype(const Tensor& t, DType dtype) {
+  Tensor out(dtype, t.shape());
+  convert(t.view(), out.view());
+  return out;
+}
+
+// Half-precision shards: widened on entry, results in the inputs' dtype. float16 within the
+// error model (its rounding of the inputs and of the output included); bfloat16 within its
+// rounding of the float32 ring's result.
+TEST(Ring, HalfPrecisionShards) {
+  Features f;
+  f.configure = [](AttentionOptions& o) { o.causal = true; };
+  Whole w = make_whole(48, 48, f);
+  for (Tensor* t : {&w.query, &w.key, &w.value, &w.grad_output}) *t = as_dtype(*t, DType::kFloat16);
+  const ReferenceProblem exact = exact_problem(w);
+  const ReferenceResult expected = independent_attention(exact);
+  const Tolerances tolerances = sdpa_tolerances(exact, {Accumulation::kFloat32, 0.0, true});
+  const GradientCheck gradients =
+      independent_gradients(exact, values_of(w.grad_output.view()), true);
+  const Shard s = make_shard(w, Split::kZigzag);
+  const mpi::ContextParallelOptions parallel = parallel_for(Split::kZigzag);
+  const mpi::ShardResult r = mpi::ring_attention(MPI_COMM_WORLD, s.query.view(), s.key.view(),
+                                                 s.value.view(), s.options, parallel);
+  ASSERT_EQ(r.output.dtype(), DType::kFloat16);
+  const Tensor output = as_dtype(r.output, DType::kFloat32);
+  expect_rows("output", output, expected.output, s.queries, 48, kValueDim,
+              [&](int64_t n) { return tolerances.output[static_cast<size_t>(n / kValueDim)]; });
+  const AttentionGradients g = mpi::ring_attention_backward(
+      MPI_COMM_WORLD, s.grad_output.view(), s.query.view(), s.key.view(), s.value.view(),
+      r.output.view(), r.logsumexp.view(), s.options, parallel);
+  ASSERT_EQ(g.key.dtype(), DType::kFloat16);
+  expect_rows("dK", as_dtype(g.key, DType::kFloat32), gradients.exact.key, s.keys, 48, kHeadDim,
+              [&](int64_t n) { return gradients.tolerance.key[static_cast<size_t>(n)]; });
+
+  // bfloat16: the float32 ring on the same (rounded) inputs, then one bfloat16 rounding.
+  Shard b = make_shard(w, Split::kUnequal);
+  for (Tensor* t : {&b.query, &b.key, &b.value}) *t = as_dtype(*t, DType::kBFloat16);
+  const mpi::ShardResult half =
+      mpi::ring_attention(MPI_COMM_WORLD, b.query.view(), b.key.view(), b.value.view(), b.options);
+  const mpi::ShardResult full =
+      mpi::ring_attention(MPI_COMM_WORLD, as_dtype(b.query, DType::kFloat32).view(),
+                          as_dtype(b.key, DType::kFloat32).view(),
+                          as_dtype(b.value, DType::kFloat32).view(), b.options);
+  ASSERT_EQ(half.output.dtype(), DType::kBFloat16);
+  const Tensor widened = as_dtype(half.output, DType::kFloat32);
+  for (int64_t n = 0; n < widened.numel(); ++n) {
+    const float x = full.output.data_as<float>()[n];
+    ASSERT_NEAR(widened.data_as<float>()[n], x, std::abs(x) / 256 + 1e-30) << n;
+  }
+}
+
 // User rules see global indices: the ring equals the library's reference on the whole problem.
 TEST(Ring, UserRules) {
   const auto score_mod = [](auto score, int32_t, int32_t h, int32_t q, int32_t kv) {

@@ -110,11 +110,9 @@ void uniform_rows(const detail::Communicator& comm, const RingPlan& plan, detail
   }
 }
 
-}  // namespace
-
-ShardResult ring_attention(MPI_Comm comm_in, const TensorView& query, const TensorView& key,
-                           const TensorView& value, const AttentionOptions& options,
-                           const ContextParallelOptions& parallel) {
+ShardResult ring_attention_float32(MPI_Comm comm_in, const TensorView& query, const TensorView& key,
+                                   const TensorView& value, const AttentionOptions& options,
+                                   const ContextParallelOptions& parallel) {
   const auto call_start = std::chrono::steady_clock::now();
   RingStatistics stats;
   const detail::Communicator comm(comm_in);
@@ -205,6 +203,19 @@ ShardResult ring_attention(MPI_Comm comm_in, const TensorView& query, const Tens
   stats.total_seconds = detail::seconds_since(call_start);
   if (parallel.statistics) *parallel.statistics = stats;
   return result;
+}
+
+}  // namespace
+
+ShardResult ring_attention(MPI_Comm comm, const TensorView& query, const TensorView& key,
+                           const TensorView& value, const AttentionOptions& options,
+                           const ContextParallelOptions& parallel) {
+  Tensor storage[3];
+  ShardResult r = ring_attention_float32(comm, detail::as_float32(query, storage[0]),
+                                         detail::as_float32(key, storage[1]),
+                                         detail::as_float32(value, storage[2]), options, parallel);
+  r.output = detail::in_dtype(std::move(r.output), query.dtype);
+  return r;
 }
 
 }  // namespace attend::mpi

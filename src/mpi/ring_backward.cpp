@@ -67,14 +67,10 @@ void check_shape(const char* name, const TensorView& t, const Shape& expected) {
   }
 }
 
-}  // namespace
-
-AttentionGradients ring_attention_backward(MPI_Comm comm_in, const TensorView& grad_output,
-                                           const TensorView& query, const TensorView& key,
-                                           const TensorView& value, const TensorView& output,
-                                           const TensorView& logsumexp,
-                                           const AttentionOptions& options,
-                                           const ContextParallelOptions& parallel) {
+AttentionGradients ring_attention_backward_float32(
+    MPI_Comm comm_in, const TensorView& grad_output, const TensorView& query, const TensorView& key,
+    const TensorView& value, const TensorView& output, const TensorView& logsumexp,
+    const AttentionOptions& options, const ContextParallelOptions& parallel) {
   const auto call_start = std::chrono::steady_clock::now();
   RingStatistics stats;
   const detail::Communicator comm(comm_in);
@@ -261,6 +257,25 @@ AttentionGradients ring_attention_backward(MPI_Comm comm_in, const TensorView& g
   stats.steps = plan.ranks;
   stats.total_seconds = detail::seconds_since(call_start);
   if (parallel.statistics) *parallel.statistics = stats;
+  return g;
+}
+
+}  // namespace
+
+AttentionGradients ring_attention_backward(MPI_Comm comm, const TensorView& grad_output,
+                                           const TensorView& query, const TensorView& key,
+                                           const TensorView& value, const TensorView& output,
+                                           const TensorView& logsumexp,
+                                           const AttentionOptions& options,
+                                           const ContextParallelOptions& parallel) {
+  Tensor storage[5];
+  AttentionGradients g = ring_attention_backward_float32(
+      comm, detail::as_float32(grad_output, storage[0]), detail::as_float32(query, storage[1]),
+      detail::as_float32(key, storage[2]), detail::as_float32(value, storage[3]),
+      detail::as_float32(output, storage[4]), logsumexp, options, parallel);
+  g.query = detail::in_dtype(std::move(g.query), query.dtype);
+  g.key = detail::in_dtype(std::move(g.key), key.dtype);
+  g.value = detail::in_dtype(std::move(g.value), value.dtype);
   return g;
 }
 

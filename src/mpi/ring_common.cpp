@@ -193,7 +193,9 @@ Signature signature_of(const TensorView& query, const TensorView& key, const Ten
                     std::to_string(t->rank()));
       }
       if (t->dtype != DType::kFloat32) {
-        throw Error(std::string(name) + ": context parallelism takes float32, got " +
+        throw Error(std::string(name) +
+                    ": context parallelism takes float32, float16 or "
+                    "bfloat16, got " +
                     dtype_name(t->dtype));
       }
     }
@@ -386,6 +388,20 @@ void copy_view(const TensorView& from, const TensorView& to) {
       index[d] = 0;
     }
   }
+}
+
+TensorView as_float32(const TensorView& t, Tensor& storage) {
+  if (t.dtype != DType::kFloat16 && t.dtype != DType::kBFloat16) return t;
+  storage = Tensor(DType::kFloat32, t.shape);
+  convert(t, storage.view());
+  return storage.view();
+}
+
+Tensor in_dtype(Tensor t, DType dtype) {
+  if (t.empty() || t.dtype() == dtype) return t;
+  Tensor out(dtype, t.shape());
+  convert(t.view(), out.view());
+  return out;
 }
 
 TensorView narrow(TensorView view, int dim, int64_t start, int64_t length) {

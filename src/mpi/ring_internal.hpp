@@ -79,6 +79,12 @@ bool may_leave_rows_empty(const AttentionOptions& options);
 // last dimensions are contiguous (attend::convert goes element by element).
 void copy_view(const TensorView& from, const TensorView& to);
 
+// Half-precision shards: a float32 copy (in `storage`) of a float16 or bfloat16 view, what the
+// ring computes and sends; any other view as it is (the collective check names what it
+// refuses). in_dtype: a float32 result back in the caller's dtype.
+TensorView as_float32(const TensorView& t, Tensor& storage);
+Tensor in_dtype(Tensor t, DType dtype);
+
 // `length` entries of dimension `dim` from `start` (a view of the same storage).
 TensorView narrow(TensorView view, int dim, int64_t start, int64_t length);
 

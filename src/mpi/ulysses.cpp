@@ -226,11 +226,10 @@ AttentionOptions head_options(const AttentionOptions& options, const RingPlan& p
   return o;
 }
 
-}  // namespace
-
-ShardResult ulysses_attention(MPI_Comm comm_in, const TensorView& query, const TensorView& key,
-                              const TensorView& value, const AttentionOptions& options,
-                              const ContextParallelOptions& parallel) {
+ShardResult ulysses_attention_float32(MPI_Comm comm_in, const TensorView& query,
+                                      const TensorView& key, const TensorView& value,
+                                      const AttentionOptions& options,
+                                      const ContextParallelOptions& parallel) {
   const auto call_start = std::chrono::steady_clock::now();
   RingStatistics stats;
   const detail::Communicator comm(comm_in);
@@ -258,12 +257,10 @@ ShardResult ulysses_attention(MPI_Comm comm_in, const TensorView& query, const T
   return result;
 }
 
-AttentionGradients ulysses_attention_backward(MPI_Comm comm_in, const TensorView& grad_output,
-                                              const TensorView& query, const TensorView& key,
-                                              const TensorView& value, const TensorView& output,
-                                              const TensorView& logsumexp,
-                                              const AttentionOptions& options,
-                                              const ContextParallelOptions& parallel) {
+AttentionGradients ulysses_attention_backward_float32(
+    MPI_Comm comm_in, const TensorView& grad_output, const TensorView& query, const TensorView& key,
+    const TensorView& value, const TensorView& output, const TensorView& logsumexp,
+    const AttentionOptions& options, const ContextParallelOptions& parallel) {
   const auto call_start = std::chrono::steady_clock::now();
   RingStatistics stats;
   const detail::Communicator comm(comm_in);
@@ -312,6 +309,36 @@ AttentionGradients ulysses_attention_backward(MPI_Comm comm_in, const TensorView
   stats.steps = 1;
   stats.total_seconds = detail::seconds_since(call_start);
   if (parallel.statistics) *parallel.statistics = stats;
+  return g;
+}
+
+}  // namespace
+
+ShardResult ulysses_attention(MPI_Comm comm, const TensorView& query, const TensorView& key,
+                              const TensorView& value, const AttentionOptions& options,
+                              const ContextParallelOptions& parallel) {
+  Tensor storage[3];
+  ShardResult r = ulysses_attention_float32(
+      comm, detail::as_float32(query, storage[0]), detail::as_float32(key, storage[1]),
+      detail::as_float32(value, storage[2]), options, parallel);
+  r.output = detail::in_dtype(std::move(r.output), query.dtype);
+  return r;
+}
+
+AttentionGradients ulysses_attention_backward(MPI_Comm comm, const TensorView& grad_output,
+                                              const TensorView& query, const TensorView& key,
+                                              const TensorView& value, const TensorView& output,
+                                              const TensorView& logsumexp,
+                                              const AttentionOptions& options,
+                                              const ContextParallelOptions& parallel) {
+  Tensor storage[5];
+  AttentionGradients g = ulysses_attention_backward_float32(
+      comm, detail::as_float32(grad_output, storage[0]), detail::as_float32(query, storage[1]),
+      detail::as_float32(key, storage[2]), detail::as_float32(value, storage[3]),
+      detail::as_float32(output, storage[4]), logsumexp, options, parallel);
+  g.query = detail::in_dtype(std::move(g.query), query.dtype);
+  g.key = detail::in_dtype(std::move(g.key), key.dtype);
+  g.value = detail::in_dtype(std::move(g.value), value.dtype);
   return g;
 }
 
