@@ -59,8 +59,9 @@ void add_rows(float* to, int64_t rows, int64_t width, const Piece& piece, const 
 
 void check_shape(const char* name, const TensorView& t, const Shape& expected) {
   if (t.dtype != DType::kFloat32) {
-    throw Error(std::string(name) + ": context parallelism takes float32, got " +
-                dtype_name(t.dtype));
+    throw Error(std::string(name) + ": dtype " + dtype_name(t.dtype) +
+                " is not supported (float32, or float16 and bfloat16 for grad_output and "
+                "output; logsumexp is float32)");
   }
   if (t.shape != expected) {
     throw Error(std::string(name) + " " + t.shape.str() + " should be " + expected.str());
