@@ -30,7 +30,7 @@
 //     num_threads and backend apply as in one process;
 //   - need_weights and block are refused.
 // Every rank checks its arguments, then all ranks compare theirs (shapes, dtypes, options,
-// lengths the layout needs) in one collective before any exchange: a rank that disagrees
+// lengths the layout needs) in two allgathers before any exchange: a rank that disagrees
 // makes every rank throw the same attend::Error, none is left waiting. MPI errors become
 // attend::Error. Shards are float32, float16 or bfloat16: half precision is widened to
 // float32 on entry (computed and sent as float32, twice its bytes on the wire) and the
