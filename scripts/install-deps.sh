@@ -4,6 +4,8 @@
 set -euo pipefail
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
           libcli11-dev nlohmann-json3-dev
+          # attend_mpi (context parallelism) and its tests under mpirun
+          libopenmpi-dev openmpi-bin
           # the Python package (python/) and its tests
           python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch python3-pytest)
 packages+=("$@")

@@ -46,6 +46,20 @@ inline PhiloxWords dropout_draws(uint64_t seed, int64_t batch, int64_t query, in
                        static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32));
 }
 
+// Calls dropped(c) for every c in [0, count) whose draw for (batch, query, first_key + c) falls
+// below the threshold: one Philox call per group of four keys, from any first key.
+template <class Dropped>
+void for_each_dropped(uint64_t seed, uint32_t threshold, int64_t batch, int64_t query,
+                      int64_t first_key, int64_t count, const Dropped& dropped) {
+  for (int64_t c = 0; c < count;) {
+    const int64_t key = first_key + c;
+    const PhiloxWords draws = dropout_draws(seed, batch, query, key / 4);
+    for (int64_t w = key % 4; w < 4 && c < count; ++w, ++c) {
+      if (draws.word[w] < threshold) dropped(c);
+    }
+  }
+}
+
 inline bool dropout_keep(uint64_t seed, uint32_t threshold, int64_t batch, int64_t query,
                          int64_t key) {
   return dropout_draws(seed, batch, query, key / 4).word[key % 4] >= threshold;

@@ -42,6 +42,14 @@ inline VisibleKeys visible_keys(const SdpaParams& p, int64_t i) {
   return {std::min(p.prefix, p.key_len), first, last};
 }
 
+// Whether position alone (causal, window, prefix) hides every key from every query: a block of
+// context parallelism that needs no call. visible_keys' first and last never decrease with i.
+inline bool excludes_every_key(const SdpaParams& p) {
+  if (p.query_len == 0 || p.key_len == 0) return true;
+  const VisibleKeys top = visible_keys(p, 0), bottom = visible_keys(p, p.query_len - 1);
+  return top.prefix_end == 0 && (bottom.last < 0 || top.first >= p.key_len);
+}
+
 inline bool has_positional_rules(const SdpaParams& p) {
   return p.causal || p.window_left >= 0 || p.window_right >= 0;
 }
@@ -49,6 +57,19 @@ inline bool has_positional_rules(const SdpaParams& p) {
 // ---- Exclusion by content: documents, mask, user mask -----------------------------------
 
 inline int64_t head_of(const SdpaParams& p, int64_t b) { return b % p.heads; }
+
+// Global positions (AttentionOptions::block) of local query i and key j: what the user rules
+// and the dropout draw see, so that a block computes exactly the whole problem's scores.
+inline int64_t global_query(const SdpaParams& p, int64_t i) { return i + p.query_position; }
+inline int64_t global_key(const SdpaParams& p, int64_t j) { return j + p.key_position; }
+
+// The user rules' view of a tile of `rows` queries from local q0 and `columns` keys from
+// local k0 (element (r, c) at r·query_step + c·key_step), at global positions.
+inline RuleTile rule_tile(const SdpaParams& p, int64_t b, int64_t q0, int64_t k0, int64_t rows,
+                          int64_t columns, int64_t query_step, int64_t key_step) {
+  return RuleTile{b / p.heads, head_of(p, b), global_query(p, q0), global_key(p, k0),
+                  rows,        columns,       query_step,          key_step};
+}
 
 inline int32_t query_segment(const SdpaParams& p, int64_t b, int64_t i) {
   return p
@@ -73,7 +94,7 @@ inline bool may_exclude(const SdpaParams& p) {
 inline bool user_mask_keeps(const SdpaParams& p, int64_t b, int64_t i, int64_t j) {
   const UserScoreRules& u = *p.user_rules;
   unsigned char keep = 1;
-  u.mask(u.mask_mod, RuleTile{b / p.heads, head_of(p, b), i, j, 1, 1, 0, 0}, &keep);
+  u.mask(u.mask_mod, rule_tile(p, b, i, j, 1, 1, 0, 0), &keep);
   return keep != 0;
 }
 
@@ -102,7 +123,7 @@ inline bool row_has_visible_key(const SdpaParams& p, int64_t b, int64_t i, unsig
       p.mask ? p.mask + p.batch_offset(p.mask_strides, b) + i * p.mask_strides.row : nullptr;
   const UserScoreRules* u = p.user_rules && p.user_rules->mask ? p.user_rules : nullptr;
   if (u) {
-    u->mask(u->mask_mod, RuleTile{b / p.heads, head_of(p, b), i, 0, 1, p.key_len, 0, 1}, keep);
+    u->mask(u->mask_mod, rule_tile(p, b, i, 0, 1, p.key_len, 0, 1), keep);
   }
   // From the last key down: a query's own position (the diagonal) is usually visible.
   for (int64_t j = keys.end() - 1; j >= keys.begin(); --j) {
@@ -162,7 +183,7 @@ inline double builtin_modified_score(const SdpaParams& p, int64_t b, int64_t i, 
 inline double user_modified_score(const SdpaParams& p, int64_t b, int64_t i, int64_t j, double s,
                                   double* derivative) {
   const UserScoreRules& u = *p.user_rules;
-  const RuleTile one{b / p.heads, head_of(p, b), i, j, 1, 1, 0, 0};
+  const RuleTile one = rule_tile(p, b, i, j, 1, 1, 0, 0);
   auto value = static_cast<float>(s);
   if (derivative) {
     float grad = 1.0f;
@@ -217,7 +238,7 @@ inline bool apply_score_rules_to_row(const SdpaParams& p, int64_t b, int64_t i, 
     scores[c] = s;
   }
   const UserScoreRules* u = p.user_rules;
-  const RuleTile row{b / p.heads, head, i, begin, 1, count, 0, 1};
+  const RuleTile row = rule_tile(p, b, i, begin, 1, count, 0, 1);
   if (u && u->modify) u->modify(u->score_mod, row, scores);
   if (u && u->mask) u->mask(u->mask_mod, row, keep);
   const VisibleKeys keys = visible_keys(p, i);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "attend/error.hpp"
 
@@ -122,10 +123,26 @@ void validate_score_rules(const AttentionOptions& options, const Shape& scores_s
   // The common case, no rule at all, in a few loads (tiny calls pay for every instruction).
   if (!options.window && !options.softcap && !options.alibi_slopes && !options.sinks &&
       !options.segment_ids_query && !options.segment_ids_key && options.prefix == 0 &&
-      !options.user_rules) {
+      !options.user_rules && !options.block) {
     return;
   }
   const int64_t Lq = scores_shape.back(1), Lk = scores_shape.back(0);
+  // The whole problem's lengths: the block's own without AttentionOptions::block.
+  const int64_t total_query_len = options.block ? options.block->query_len : Lq;
+  const int64_t total_key_len = options.block ? options.block->key_len : Lk;
+  if (options.block) {
+    const BlockPositions& block = *options.block;
+    for (auto [name, offset, length, total] :
+         {std::tuple{"query", block.query_offset, Lq, block.query_len},
+          std::tuple{"key", block.key_offset, Lk, block.key_len}}) {
+      if (offset < 0 || total < length || offset > total - length) {
+        const std::string whole = std::to_string(total) + " " + name + " positions";
+        throw Error(std::string("block: the ") + std::to_string(length) + " " + name +
+                    "s from offset " + std::to_string(offset) +
+                    " do not lie within the whole problem's " + whole);
+      }
+    }
+  }
   const int64_t heads = heads_of(scores_shape);
   if (options.window) {
     const SlidingWindow& w = *options.window;
@@ -155,8 +172,8 @@ void validate_score_rules(const AttentionOptions& options, const Shape& scores_s
     check_segments("segment_ids_query", *options.segment_ids_query, scores_shape, Lq);
     check_segments("segment_ids_key", *options.segment_ids_key, scores_shape, Lk);
   }
-  if (options.prefix < 0 || options.prefix > Lk) {
-    throw Error("prefix must be in [0, Lk = " + std::to_string(Lk) + "], got " +
+  if (options.prefix < 0 || options.prefix > total_key_len) {
+    throw Error("prefix must be in [0, Lk = " + std::to_string(total_key_len) + "], got " +
                 std::to_string(options.prefix));
   }
   if (options.prefix > 0 && !options.causal && !options.window) {
@@ -169,7 +186,7 @@ void validate_score_rules(const AttentionOptions& options, const Shape& scores_s
   if (options.user_rules) {
     int64_t batch = 1;
     for (int d = 0; d + 2 < scores_shape.rank(); ++d) batch *= scores_shape[d];
-    const int64_t largest = std::max({batch, Lq, Lk});
+    const int64_t largest = std::max({batch, total_query_len, total_key_len});
     if (largest > std::numeric_limits<int32_t>::max()) {
       throw Error("user_rules take int32 indices: batch, Lq and Lk must be below 2^31, got " +
                   std::to_string(largest));
@@ -177,21 +194,35 @@ void validate_score_rules(const AttentionOptions& options, const Shape& scores_s
   }
 }
 
-void fill_score_rules(SdpaParams& p, const AttentionOptions& options, const Shape& scores_shape,
-                      ScoreRuleInputs& storage) {
+void fill_positional_rules(SdpaParams& p, const AttentionOptions& options) {
   p.causal = options.causal;
-  p.diagonal_offset =
-      options.causal_alignment == CausalAlignment::kBottomRight ? p.key_len - p.query_len : 0;
-  p.heads = heads_of(scores_shape);
-  if (!options.window && !options.softcap && !options.alibi && !options.alibi_slopes &&
-      !options.sinks && !options.segment_ids_query && options.prefix == 0 && !options.user_rules) {
-    return;  // no rule beyond causal: the defaults of SdpaParams
-  }
+  // Global positions i + query_position, j + key_position; the alignment is the whole
+  // problem's, and the positional rules, in local indices, compare j with
+  // i + diagonal_offset.
+  const BlockPositions block =
+      options.block ? *options.block : BlockPositions{0, 0, p.query_len, p.key_len};
+  p.block = options.block.has_value();
+  p.query_position = block.query_offset;
+  p.key_position = block.key_offset;
+  const int64_t alignment = options.causal_alignment == CausalAlignment::kBottomRight
+                                ? block.key_len - block.query_len
+                                : 0;
+  p.diagonal_offset = alignment + block.query_offset - block.key_offset;
   if (options.window) {
     p.window_left = options.window->left;
     p.window_right = options.window->right;
   }
-  p.prefix = options.prefix;
+  p.prefix = std::clamp<int64_t>(options.prefix - block.key_offset, 0, p.key_len);
+}
+
+void fill_score_rules(SdpaParams& p, const AttentionOptions& options, const Shape& scores_shape,
+                      ScoreRuleInputs& storage) {
+  fill_positional_rules(p, options);
+  p.heads = heads_of(scores_shape);
+  if (!options.softcap && !options.alibi && !options.alibi_slopes && !options.sinks &&
+      !options.segment_ids_query && !options.user_rules) {
+    return;  // no rule beyond the positional ones: the defaults of SdpaParams
+  }
   p.softcap = options.softcap ? static_cast<float>(*options.softcap) : 0.0f;
   if (options.alibi_slopes) {
     p.alibi_slopes = per_head_for_kernel(*options.alibi_slopes, storage.alibi_slopes);

@@ -16,6 +16,10 @@ namespace attend::detail {
 // ids, prefix, user rules. scores_shape is (batch..., Lq, Lk).
 void validate_score_rules(const AttentionOptions& options, const Shape& scores_shape);
 
+// Fills the rules by position: causal, the alignment and the global positions
+// (AttentionOptions::block), window and prefix of `p` (query_len and key_len already set).
+void fill_positional_rules(SdpaParams& p, const AttentionOptions& options);
+
 // Fills causal, the alignment, window, prefix, softcap, heads, slopes, sinks, segments and
 // user rules of `p` (sizes already set).
 void fill_score_rules(SdpaParams& p, const AttentionOptions& options, const Shape& scores_shape,

@@ -81,6 +81,13 @@ struct SdpaParams {
   // Query i's aligned position is i' = i + diagonal_offset (Lk − Lq bottom-right, 0 top-left).
   bool causal = false;  // key j visible to query i iff j <= i'
   int64_t diagonal_offset = 0;
+  // Global positions (AttentionOptions::block): query i is global row i + query_position,
+  // key j global key j + key_position. The positional rules above are already expressed in
+  // local indices (diagonal_offset and prefix absorb the offsets); the user rules and the
+  // dropout draw take the global indices (global_query, global_key in score_rule_layer.hpp).
+  int64_t query_position = 0;
+  int64_t key_position = 0;
+  bool block = false;  // AttentionOptions::block: the softmax also spans keys outside the call
   int64_t window_left = -1;   // key j visible iff j >= i' − window_left (-1: unbounded)
   int64_t window_right = -1;  // key j visible iff j <= i' + window_right (-1: unbounded)
   int64_t prefix = 0;         // keys j < prefix visible whatever causal and the window say

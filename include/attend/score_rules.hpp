@@ -3,7 +3,9 @@
 // Every path (reference, fused forward, fused backward) turns a raw score into the score that
 // enters the softmax by the same steps, in this order, for batch index b, head h (the last
 // batch dimension), query i and key j, with i' = i + offset the query's aligned position
-// (offset = Lk − Lq for CausalAlignment::kBottomRight, 0 for kTopLeft):
+// (offset = Lk − Lq for CausalAlignment::kBottomRight, 0 for kTopLeft). For one block of a
+// larger problem (AttentionOptions::block), i and j are global positions and Lq, Lk the
+// whole problem's lengths:
 //
 //   1. s = (q_i · k_j) · scale
 //   2. s = cap · tanh(s / cap)                        softcap (Gemma 2)

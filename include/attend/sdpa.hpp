@@ -38,6 +38,16 @@ enum class FullyMaskedRows : uint8_t {
 // reference (the listing, literally, in float64) is always available and last in line.
 enum class Backend : uint8_t { kAuto, kFused, kReference };
 
+// Where a call's queries and keys sit in a larger problem (context parallelism: one block of
+// the scores, attend/mpi/ring.hpp): queries are rows [query_offset, query_offset + Lq) and
+// keys rows [key_offset, key_offset + Lk) of a problem of query_len × key_len positions.
+struct BlockPositions {
+  int64_t query_offset = 0;
+  int64_t key_offset = 0;
+  int64_t query_len = 0;  // the whole problem's Lq, >= query_offset + this call's Lq
+  int64_t key_len = 0;    // the whole problem's Lk, >= key_offset + this call's Lk
+};
+
 // Value a score gets where it is excluded, as `masked_fill(mask == 0, -1e9)` in the listing.
 inline constexpr float kExcludedScore = -1e9f;
 
@@ -92,6 +102,12 @@ struct AttentionOptions {
   // Prefix-LM: keys j < prefix are visible to every query (with causal or a window, which
   // rule the rest). 0 <= prefix <= Lk.
   int64_t prefix = 0;
+  // This call is one block of a larger problem: every rule sees the global positions
+  // i + query_offset and j + key_offset (causal and its alignment to the global lengths, the
+  // window, ALiBi, prefix, user rules, the dropout draw), so the block's scores are exactly
+  // those of the whole problem's. The softmax runs over this call's keys: merge blocks by
+  // their log-sum-exp. mask, bias and segment ids are the block's own (..., Lq, Lk).
+  std::optional<BlockPositions> block;
   // Rules written by the user (attend/score_mod.hpp); they apply after the built-in ones.
   std::optional<UserScoreRules> user_rules;
   // Grouped-query attention: the heads of key and value (their last batch dimension). 0 takes

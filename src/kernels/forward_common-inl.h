@@ -18,6 +18,7 @@
 
 #include "dropout.hpp"
 #include "half.hpp"
+#include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -97,7 +98,10 @@ void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query)
   const float kept = static_cast<float>(uniform / (1.0 - static_cast<double>(p.dropout)));
   for (int64_t j = 0; j < p.key_len; ++j) {
     float weight = uniform;
-    if (p.dropout > 0) weight = dropout_keep(p.seed, threshold, tile.batch, query, j) ? kept : 0.0f;
+    if (p.dropout > 0)
+      weight = dropout_keep(p.seed, threshold, tile.batch, global_query(p, query), global_key(p, j))
+                   ? kept
+                   : 0.0f;
     if (w) w[j] = weight;
     if (tile.value) {
       const float* v = tile.value + j * tile.value_stride;

@@ -620,8 +620,7 @@ class BackwardItem {
     const int64_t rows = std::min(tq, p_.query_len - q0);
     if (p_.user_rules && p_.user_rules->modify) {
       const UserScoreRules& u = *p_.user_rules;
-      u.modify_gradient(u.score_mod,
-                        RuleTile{b_ / p_.heads, head_of(p_, b_), q0, k0, rows, keys, 1, tq},
+      u.modify_gradient(u.score_mod, rule_tile(p_, b_, q0, k0, rows, keys, 1, tq),
                         ws_.before_user.get(), grad_t);
     }
     if (grad_scores_) WriteGradScores(k0, keys, q0);
@@ -646,13 +645,10 @@ class BackwardItem {
     float* keep = ws_.keep.get();
     const int64_t rows = std::min(tq, p_.query_len - q0);
     for (int64_t r = 0; r < tq; ++r) {
-      for (int64_t j = 0; j < keys; j += 4) {  // k0 is a multiple of 4: groups align
-        const PhiloxWords draws =
-            r < rows ? dropout_draws(p_.seed, b_, q0 + r, (k0 + j) / 4) : PhiloxWords{};
-        for (int64_t w = 0; w < 4 && j + w < keys; ++w) {
-          keep[(j + w) * tq + r] = r < rows && draws.word[w] >= threshold ? keep_scale : 0.0f;
-        }
-      }
+      for (int64_t j = 0; j < keys; ++j) keep[j * tq + r] = r < rows ? keep_scale : 0.0f;
+      if (r >= rows) continue;
+      for_each_dropped(p_.seed, threshold, b_, global_query(p_, q0 + r), global_key(p_, k0), keys,
+                       [keep, tq, r](int64_t j) { keep[j * tq + r] = 0.0f; });
     }
   }
 
@@ -701,7 +697,10 @@ class BackwardItem {
       const float* g = ws_.dout.get() + i * ws_.ev_pad;
       for (int64_t j = 0; j < keys; ++j) {
         float w = uniform;
-        if (p_.dropout > 0) w = dropout_keep(p_.seed, threshold, b_, i, k0 + j) ? kept : 0.0f;
+        if (p_.dropout > 0)
+          w = dropout_keep(p_.seed, threshold, b_, global_query(p_, i), global_key(p_, k0 + j))
+                  ? kept
+                  : 0.0f;
         float* dv = ws_.dv.get() + j * ws_.ev_pad;
         for (int64_t c = 0; c < p_.value_dim; ++c) dv[c] += w * g[c];
       }

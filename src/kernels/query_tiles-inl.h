@@ -422,14 +422,9 @@ class TileAttention {
     const uint32_t threshold = dropout_threshold(p_.dropout);
     float* score_t = ws_.score_t.get();
     for (int64_t r = 0; r < tile.rows; ++r) {
-      const int64_t query = tile.first_query + r;
-      for (int64_t j = 0; j < keys; j += 4) {  // k0 is a multiple of 4: groups align
-        const PhiloxWords draws = dropout_draws(p_.seed, tile.batch, query, (k0 + j) / 4);
-        for (int64_t w = 0; w < 4 && j + w < keys; ++w) {
-          float& prob = score_t[(j + w) * kTq + r];
-          if (draws.word[w] < threshold) prob = 0.0f;
-        }
-      }
+      for_each_dropped(p_.seed, threshold, tile.batch, global_query(p_, tile.first_query + r),
+                       global_key(p_, k0), keys,
+                       [score_t, r](int64_t j) { score_t[j * kTq + r] = 0.0f; });
     }
   }
 

@@ -478,14 +478,9 @@ class RowGroupAttention {
       }
       if (p_.dropout > 0) {
         const uint32_t threshold = dropout_threshold(p_.dropout);
-        for (int64_t j = 0; j < key_end_[r]; j += 4) {
-          // span.begin is a multiple of 4: whole words of the row's draws.
-          const PhiloxWords draws =
-              dropout_draws(p_.seed, tile.batch, row_[r], (span.begin + j) / 4);
-          for (int64_t w = 0; w < 4 && j + w < key_end_[r]; ++w) {
-            if (draws.word[w] < threshold) scores[j + w] = 0.0f;
-          }
-        }
+        for_each_dropped(p_.seed, threshold, tile.batch, global_query(p_, row_[r]),
+                         global_key(p_, span.begin), key_end_[r],
+                         [scores](int64_t c) { scores[c] = 0.0f; });
       }
       if (tile.weights) {
         float* w = tile.weights + row_[r] * p_.weights_strides.row;

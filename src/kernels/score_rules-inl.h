@@ -122,8 +122,7 @@ struct KeepTile {
     }
     if (p.user_rules && p.user_rules->mask) {
       const UserScoreRules& u = *p.user_rules;
-      u.mask(u.mask_mod, RuleTile{b / p.heads, head_of(p, b), q0, k0, rows, keys, 1, tq},
-             user.get());
+      u.mask(u.mask_mod, rule_tile(p, b, q0, k0, rows, keys, 1, tq), user.get());
       for (int64_t j = 0; j < keys; ++j) {
         for (int64_t r = 0; r < rows; ++r) k[j * tq + r] &= user[j * tq + r];
       }
@@ -194,7 +193,7 @@ inline void ModifyScores(const SdpaParams& p, int64_t b, const float* bias, int6
   if (p.user_rules && p.user_rules->modify) {
     if (before_user) std::copy_n(scores, keys * tq, before_user);
     const UserScoreRules& u = *p.user_rules;
-    u.modify(u.score_mod, RuleTile{b / p.heads, head, q0, k0, rows, keys, 1, tq}, scores);
+    u.modify(u.score_mod, rule_tile(p, b, q0, k0, rows, keys, 1, tq), scores);
   }
   const VF log2e = hn::Set(d, kLog2e);
   for (int64_t j = 0; j < keys; ++j) {

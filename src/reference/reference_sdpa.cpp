@@ -69,7 +69,9 @@ void reference_sdpa(const SdpaParams& params) {
       if (p.dropout > 0) {
         for (int64_t j = 0; j < p.key_len; ++j) {
           auto& w = scores[static_cast<size_t>(j)];
-          w = dropout_keep(p.seed, threshold, b, i, j) ? w * keep_scale : 0.0;
+          w = dropout_keep(p.seed, threshold, b, global_query(p, i), global_key(p, j))
+                  ? w * keep_scale
+                  : 0.0;
         }
       }
 

@@ -1,9 +1,13 @@
 // reference_sdpa_backward.cpp: the exact gradient of the listing, in float64, from the
 // inputs alone (the forward's output and log-sum-exp are not used: the oracle recomputes
-// everything from the definitions). See attend/sdpa_backward.hpp for the formulas.
+// everything from the definitions), except for one block of a larger problem
+// (AttentionOptions::block), whose softmax spans keys outside the call: there
+// P_ij = exp(s_ij − lse_i) and D_i = dO_i·O_i come from the forward's log-sum-exp and output.
+// See attend/sdpa_backward.hpp for the formulas.
 #include "reference/reference_sdpa_backward.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "dropout.hpp"
@@ -35,10 +39,16 @@ void reference_sdpa_backward(const SdpaBackwardParams& params) {
       const float* qi = q + i * p.query_strides.row;
       const float* doi = grad_out + i * params.grad_output_strides.row;
       // Forward: scores, masked_fill, softmax (shared with the forward reference), dropout.
-      reference_row_weights(p, b, i, weight.data(), excluded.data());
+      const ReferenceRow row = reference_row_weights(p, b, i, weight.data(), excluded.data());
+      if (p.block && row.any_visible) {  // exp(s − lse_block)·exp(lse_block − lse)
+        const double lse = params.logsumexp[p.batch_offset(params.logsumexp_strides, b) +
+                                            i * params.logsumexp_strides.row];
+        const double rescale = std::exp(row.max_score + std::log(row.sum) - lse);
+        for (size_t j = 0; j < lk; ++j) weight[j] *= rescale;
+      }
       for (size_t j = 0; j < lk; ++j) {
-        const bool keep =
-            p.dropout == 0 || dropout_keep(p.seed, threshold, b, i, static_cast<int64_t>(j));
+        const bool keep = p.dropout == 0 || dropout_keep(p.seed, threshold, b, global_query(p, i),
+                                                         global_key(p, static_cast<int64_t>(j)));
         kept[j] = keep ? weight[j] * keep_scale : 0.0;
         // dP̃_ij = dO_i · V_j; dP_ij = dP̃_ij · Z_ij / (1 − p).
         const float* vj = v + static_cast<int64_t>(j) * p.value_strides.row;
@@ -50,7 +60,12 @@ void reference_sdpa_backward(const SdpaBackwardParams& params) {
       }
       // D_i = Σ_j P_ij·dP_ij; dS_ij = P_ij·(dP_ij − D_i), no gradient through masked_fill.
       double row_dot = 0;
-      for (size_t j = 0; j < lk; ++j) row_dot += weight[j] * grad_kept[j];
+      if (p.block) {
+        const float* oi = p.output + p.batch_offset(p.output_strides, b) + i * p.output_strides.row;
+        for (size_t c = 0; c < ev_dim; ++c) row_dot += double{doi[c]} * double{oi[c]};
+      } else {
+        for (size_t j = 0; j < lk; ++j) row_dot += weight[j] * grad_kept[j];
+      }
       std::fill(grad_query.begin(), grad_query.end(), 0.0);
       for (size_t j = 0; j < lk; ++j) {
         // Back through the modifications (score_rule_layer.hpp): dS of the bias is dS·user',

@@ -11,6 +11,7 @@
 // (or one JSON object per case and line, with --json) to stdout.
 #include "bench_command.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -28,6 +29,9 @@
 #include "bench/measure.hpp"
 #include "bench/read_bandwidth.hpp"
 #include "quote.hpp"
+#ifdef ATTEND_HAVE_MPI
+#include "ring_bench.hpp"
+#endif
 
 namespace attend::cli {
 namespace {
@@ -41,6 +45,10 @@ constexpr double kMaxMinTime = 3600;
 
 struct BenchArguments {
   bool json = false;
+  bool ring = false;  // attend bench --ring (ring_bench.hpp)
+  std::string ring_shape = "1,8,16384,64";
+  std::string ring_causal = "both";
+  bool ring_no_baseline = false;
   std::string threads_text;
   std::vector<std::string> case_names;
   std::string repetitions_text = "5";
@@ -407,6 +415,45 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
       "(bf16 peak), else of the FMA peak; without the instruction the target is 0.9x.\n");
 }
 
+// --ring: context parallelism under mpirun (ring_bench.cpp).
+void run_ring(const BenchArguments& arguments, const CLI::App& command) {
+#ifdef ATTEND_HAVE_MPI
+  RingBenchSettings s;
+  const size_t commas = static_cast<size_t>(
+      std::count(arguments.ring_shape.begin(), arguments.ring_shape.end(), ','));
+  if (commas != 3) throw Error("--ring-shape must be B,H,L,E, got " + arguments.ring_shape);
+  int64_t* dims[] = {&s.batch, &s.heads, &s.length, &s.head_dim};
+  size_t at = 0;
+  for (int64_t* dim : dims) {
+    const size_t comma = arguments.ring_shape.find(',', at);
+    *dim = static_cast<int64_t>(parse_integer(
+        "--ring-shape", arguments.ring_shape.substr(at, comma - at), 1, int64_t{1} << 31));
+    at = comma + 1;
+  }
+  s.threads =
+      arguments.threads_text.empty()
+          ? 1
+          : static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
+  if (command.count("--repetitions") > 0) {
+    s.repetitions = static_cast<int>(
+        parse_integer("--repetitions", arguments.repetitions_text, 1, kMaxRepetitions));
+  }
+  if (arguments.ring_causal != "both" && arguments.ring_causal != "yes" &&
+      arguments.ring_causal != "no") {
+    throw Error("--ring-causal must be both, yes or no, got " + arguments.ring_causal);
+  }
+  s.causal = arguments.ring_causal != "no";
+  s.non_causal = arguments.ring_causal != "yes";
+  s.baseline = !arguments.ring_no_baseline;
+  s.json = arguments.json;
+  run_ring_bench(s);
+#else
+  (void)arguments;
+  (void)command;
+  throw Error("--ring: this attend was built without MPI (install libopenmpi-dev and rebuild)");
+#endif
+}
+
 void run_bench(const BenchArguments& arguments) {
   const BenchSettings settings = parse_settings(arguments);
   const std::string simd_target = active_simd_target();
@@ -451,7 +498,20 @@ Command add_bench_command(CLI::App& app) {
                       "timed repetitions per case, the median is reported (default 5)");
   command->add_option("--min-time", arguments->min_time_text,
                       "seconds each repetition lasts at least (default 0.2)");
-  return {command, [arguments] { run_bench(*arguments); }};
+  command->add_flag("--ring", arguments->ring,
+                    "context parallelism under mpirun: 1 rank against N ranks (ring, Ulysses)");
+  command->add_option("--ring-shape", arguments->ring_shape,
+                      "--ring's whole problem B,H,L,E (default 1,8,16384,64)");
+  command->add_option("--ring-causal", arguments->ring_causal, "--ring: both (default), yes or no");
+  command->add_flag("--ring-no-baseline", arguments->ring_no_baseline,
+                    "--ring: skip the 1-rank baseline");
+  return {command, [arguments, command] {
+            if (arguments->ring) {
+              run_ring(*arguments, *command);
+            } else {
+              run_bench(*arguments);
+            }
+          }};
 }
 
 }  // namespace attend::cli

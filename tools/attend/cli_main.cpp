@@ -21,6 +21,9 @@
 #include "quote.hpp"
 #include "sdpa_command.hpp"
 #include "serve_bench_command.hpp"
+#ifdef ATTEND_HAVE_MPI
+#include "ring_command.hpp"
+#endif
 #include "train_demo_command.hpp"
 
 using attend::cli::Command;
@@ -68,6 +71,9 @@ int attend_cli_main(int argc, char** argv) {
         attend::cli::add_mha_command(app),
         attend::cli::add_train_demo_command(app),
         attend::cli::add_serve_bench_command(app),
+#ifdef ATTEND_HAVE_MPI
+        attend::cli::add_ring_command(app),
+#endif
     };
     // clang-format on
     try {
