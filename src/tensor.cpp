@@ -372,22 +372,22 @@ bool convert_float_rows(const TensorView& from, const TensorView& to) {
   const int64_t n = from.shape.back(0);
   if (n > 1 && (from.strides.back(0) != 1 || to.strides.back(0) != 1)) return false;
   const int64_t rows = from.numel() / n;
-  const size_t from_size = dtype_size(from.dtype), to_size = dtype_size(to.dtype);
-  int64_t index[Shape::kMaxRank] = {};
+  const auto from_size = static_cast<int64_t>(dtype_size(from.dtype));
+  const auto to_size = static_cast<int64_t>(dtype_size(to.dtype));
+  // Rows are independent: large conversions (the kernels' staging copies, whose first touch
+  // of fresh pages costs as much as the conversion) run on every thread.
+  const bool parallel = rows > 1 && rows * n >= (int64_t{1} << 20);
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t from_offset = 0, to_offset = 0;
-    for (int d = 0; d + 1 < rank; ++d) {
-      from_offset += index[d] * from.strides[d];
-      to_offset += index[d] * to.strides[d];
-    }
-    convert_float_row(
-        static_cast<const char*>(from.data) + from_offset * static_cast<int64_t>(from_size),
-        from.dtype, static_cast<char*>(to.data) + to_offset * static_cast<int64_t>(to_size),
-        to.dtype, n);
+    int64_t from_offset = 0, to_offset = 0, rest = r;
     for (int d = rank - 2; d >= 0; --d) {
-      if (++index[d] < from.shape[d]) break;
-      index[d] = 0;
+      const int64_t i = rest % from.shape[d];
+      rest /= from.shape[d];
+      from_offset += i * from.strides[d];
+      to_offset += i * to.strides[d];
     }
+    convert_float_row(static_cast<const char*>(from.data) + from_offset * from_size, from.dtype,
+                      static_cast<char*>(to.data) + to_offset * to_size, to.dtype, n);
   }
   return true;
 }
