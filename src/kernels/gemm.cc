@@ -142,6 +142,38 @@ void MicroKernel(const float* HWY_RESTRICT input, int64_t input_stride,
   if constexpr (kRows > 5) store_row(5, acc50, acc51);
 }
 
+// One micro-tile of the packed path: rows [row, row + rows) of panel `panel` (columns
+// [first_column, first_column + valid_columns)), depth block [k0, k0 + depth).
+struct Tile {
+  int64_t panel, first_column, valid_columns, row, rows, k0, depth;
+};
+
+// Runs micro(tile) for every tile of panels `width` columns wide: (panel, row block) pairs in
+// parallel, each whole on one thread, its depth blocks in k order (one pass even when K == 0,
+// to write the bias), so every output element sees the same sequence at any thread count.
+template <class Micro>
+void ForEachTile(const LinearParams& p, int threads, int64_t width, const Micro& micro) {
+  const int64_t panels = (p.columns + width - 1) / width;
+  const int64_t row_blocks = (p.rows + kRowBlock - 1) / kRowBlock;
+#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
+  for (int64_t panel = 0; panel < panels; ++panel) {
+    for (int64_t block = 0; block < row_blocks; ++block) {
+      Tile t;
+      t.panel = panel;
+      t.first_column = panel * width;
+      t.valid_columns = std::min(width, p.columns - t.first_column);
+      const int64_t block_end = std::min(p.rows, (block + 1) * kRowBlock);
+      for (t.k0 = 0; t.k0 == 0 || t.k0 < p.depth; t.k0 += kDepthBlock) {
+        t.depth = std::min(kDepthBlock, p.depth - t.k0);
+        for (t.row = block * kRowBlock; t.row < block_end; t.row += kMicroRows) {
+          t.rows = std::min(kMicroRows, block_end - t.row);
+          micro(t);
+        }
+      }
+    }
+  }
+}
+
 // bfloat16 products (AVX-512 targets with AVX512_BF16): the same tile from a bfloat16 input
 // and a panel of bfloat16 pairs, panel[k2][c] = (weight[c][2·k2], weight[c][2·k2 + 1]), two
 // multiply-adds per lane and instruction (bf16_products-inl.h describes vdpbf16ps). An odd
@@ -203,7 +235,6 @@ constexpr MicroKernelBf16Fn kMicroKernelsBf16[kMicroRows + 1] = {nullptr,
 void LinearBf16(const LinearParams& p, int threads) {
   constexpr int64_t kWidth = 32;
   const int64_t panels = (p.columns + kWidth - 1) / kWidth;
-  const int64_t row_blocks = (p.rows + kRowBlock - 1) / kRowBlock;
   const int64_t pairs = std::max<int64_t>((p.depth + 1) / 2, 1);
   auto packed = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(panels * pairs * kWidth));
   auto packed_bias = hwy::AllocateAligned<float>(static_cast<size_t>(panels * kWidth));
@@ -226,27 +257,13 @@ void LinearBf16(const LinearParams& p, int threads) {
       }
     }
   }
-#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
-  for (int64_t panel = 0; panel < panels; ++panel) {
-    for (int64_t block = 0; block < row_blocks; ++block) {
-      const uint32_t* panel_data = packed.get() + panel * pairs * kWidth;
-      const float* bias_panel = p.bias ? packed_bias.get() + panel * kWidth : nullptr;
-      const int64_t first_column = panel * kWidth;
-      const int64_t valid_columns = std::min(kWidth, p.columns - first_column);
-      const int64_t block_end = std::min(p.rows, (block + 1) * kRowBlock);
-      for (int64_t k0 = 0; k0 == 0 || k0 < p.depth; k0 += kDepthBlock) {
-        const int64_t depth_here = std::min(kDepthBlock, p.depth - k0);
-        for (int64_t row = block * kRowBlock; row < block_end; row += kMicroRows) {
-          const int64_t rows_here = std::min(kMicroRows, block_end - row);
-          kMicroKernelsBf16[rows_here](p.input_bf16 + row * p.input_row_stride + k0,
-                                       p.input_row_stride, panel_data + k0 / 2 * kWidth, depth_here,
-                                       bias_panel, k0 > 0,
-                                       p.output + row * p.output_row_stride + first_column,
-                                       p.output_row_stride, valid_columns);
-        }
-      }
-    }
-  }
+  ForEachTile(p, threads, kWidth, [&](const Tile& t) {
+    kMicroKernelsBf16[t.rows](p.input_bf16 + t.row * p.input_row_stride + t.k0, p.input_row_stride,
+                              packed.get() + t.panel * pairs * kWidth + t.k0 / 2 * kWidth, t.depth,
+                              p.bias ? packed_bias.get() + t.panel * kWidth : nullptr, t.k0 > 0,
+                              p.output + t.row * p.output_row_stride + t.first_column,
+                              p.output_row_stride, t.valid_columns);
+  });
 }
 #else
 #define ATTEND_GEMM_BF16 0
@@ -340,7 +357,6 @@ void LinearImpl(const LinearParams& p) {
   const hn::ScalableTag<float> d;
   const int64_t panel_width = static_cast<int64_t>(2 * hn::Lanes(d));
   const int64_t panels = (p.columns + panel_width - 1) / panel_width;
-  const int64_t row_blocks = (p.rows + kRowBlock - 1) / kRowBlock;
 
   // 1. Pack weight (N, K) into panels (panels, K, W) and bias into (panels, W), zero padded.
   const size_t packed_size = static_cast<size_t>(panels * panel_width) *
@@ -368,27 +384,13 @@ void LinearImpl(const LinearParams& p) {
   }
 
   // 2. Tiles (panel, row block), each computed whole by one thread.
-#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
-  for (int64_t panel = 0; panel < panels; ++panel) {
-    for (int64_t block = 0; block < row_blocks; ++block) {
-      const float* panel_data = packed.get() + panel * p.depth * panel_width;
-      const float* bias_panel = p.bias ? packed_bias.get() + panel * panel_width : nullptr;
-      const int64_t first_column = panel * panel_width;
-      const int64_t valid_columns = std::min(panel_width, p.columns - first_column);
-      const int64_t block_end = std::min(p.rows, (block + 1) * kRowBlock);
-      // One pass even when K == 0, to write the bias.
-      for (int64_t k0 = 0; k0 == 0 || k0 < p.depth; k0 += kDepthBlock) {
-        const int64_t depth_here = std::min(kDepthBlock, p.depth - k0);
-        for (int64_t row = block * kRowBlock; row < block_end; row += kMicroRows) {
-          const int64_t rows_here = std::min(kMicroRows, block_end - row);
-          kMicroKernels[rows_here](p.input + row * p.input_row_stride + k0, p.input_row_stride,
-                                   panel_data + k0 * panel_width, depth_here, bias_panel, k0 > 0,
-                                   p.output + row * p.output_row_stride + first_column,
-                                   p.output_row_stride, valid_columns);
-        }
-      }
-    }
-  }
+  ForEachTile(p, threads, panel_width, [&](const Tile& t) {
+    kMicroKernels[t.rows](p.input + t.row * p.input_row_stride + t.k0, p.input_row_stride,
+                          packed.get() + t.panel * p.depth * panel_width + t.k0 * panel_width,
+                          t.depth, p.bias ? packed_bias.get() + t.panel * panel_width : nullptr,
+                          t.k0 > 0, p.output + t.row * p.output_row_stride + t.first_column,
+                          p.output_row_stride, t.valid_columns);
+  });
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)
