@@ -269,15 +269,13 @@ AttentionGradients ring_attention_backward(MPI_Comm comm, const TensorView& grad
                                            const TensorView& logsumexp,
                                            const AttentionOptions& options,
                                            const ContextParallelOptions& parallel) {
-  Tensor storage[5];
-  AttentionGradients g = ring_attention_backward_float32(
-      comm, detail::as_float32(grad_output, storage[0]), detail::as_float32(query, storage[1]),
-      detail::as_float32(key, storage[2]), detail::as_float32(value, storage[3]),
-      detail::as_float32(output, storage[4]), logsumexp, options, parallel);
-  g.query = detail::in_dtype(std::move(g.query), query.dtype);
-  g.key = detail::in_dtype(std::move(g.key), key.dtype);
-  g.value = detail::in_dtype(std::move(g.value), value.dtype);
-  return g;
+  return detail::backward_in_float32(
+      grad_output, query, key, value, output,
+      [&](const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
+          const TensorView& o) {
+        return ring_attention_backward_float32(comm, dout, q, k, v, o, logsumexp, options,
+                                               parallel);
+      });
 }
 
 }  // namespace attend::mpi

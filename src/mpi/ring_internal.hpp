@@ -85,6 +85,22 @@ void copy_view(const TensorView& from, const TensorView& to);
 TensorView as_float32(const TensorView& t, Tensor& storage);
 Tensor in_dtype(Tensor t, DType dtype);
 
+// A backward over float32 shards for shards of any float dtype: `backward(dO, Q, K, V, O)` on
+// float32 copies (as_float32), the gradients back in Q's, K's and V's dtypes.
+template <class Backward>
+AttentionGradients backward_in_float32(const TensorView& grad_output, const TensorView& query,
+                                       const TensorView& key, const TensorView& value,
+                                       const TensorView& output, const Backward& backward) {
+  Tensor storage[5];
+  AttentionGradients g = backward(as_float32(grad_output, storage[0]),
+                                  as_float32(query, storage[1]), as_float32(key, storage[2]),
+                                  as_float32(value, storage[3]), as_float32(output, storage[4]));
+  g.query = in_dtype(std::move(g.query), query.dtype);
+  g.key = in_dtype(std::move(g.key), key.dtype);
+  g.value = in_dtype(std::move(g.value), value.dtype);
+  return g;
+}
+
 // `length` entries of dimension `dim` from `start` (a view of the same storage).
 TensorView narrow(TensorView view, int dim, int64_t start, int64_t length);
 
