@@ -262,7 +262,7 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
   }
   result.gflops = c.flops() / seconds / 1e9;
   result.pct_peak = 100.0 * result.gflops / result.peak_gflops;
-  result.gbps = c.shape.key_value_bytes() / seconds / 1e9;
+  result.gbps = c.key_value_bytes() / seconds / 1e9;
   if (memory_bound) result.pct_read = 100.0 * result.gbps / result.read_gbps;
   if (c.need_weights) {
     // The same problem without weights (reused when that case already ran), plus the time

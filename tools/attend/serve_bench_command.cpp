@@ -1,8 +1,11 @@
 // serve_bench_command.cpp: `attend serve-bench` runs N requests, with prompt and output lengths
 // drawn from a seeded distribution, through the tiny decoder (examples/tiny_decoder) by
-// continuous batching: each step admits waiting requests up to the concurrency (their whole
-// prompt prefilled in that step, beside the running requests' single-token decodes), and a
-// request leaves, freeing its cache blocks, once it has its output. For each concurrency it
+// continuous batching with chunked prefill: each step admits waiting requests up to the
+// concurrency and runs, within a budget of --step-tokens new tokens, every running request's
+// single-token decode first, then chunks of the prompts still being prefilled (first come,
+// first served; a prompt's last chunk yields its first output token), and a request leaves,
+// freeing its cache blocks, once it has its output. The budget bounds a step's work, so a
+// burst of long prompts no longer stalls the decodes beside it. For each concurrency it
 // prints tokens per second (generated tokens / wall time), the per-token latency percentiles
 // (each generated token counts the duration of the step that produced it) and the cache
 // memory (peak in use, allocated). Progress goes to stderr.
@@ -31,6 +34,7 @@ struct ServeBenchArguments {
   std::string output_max_text = "128";
   std::string seed_text = "1";
   std::string threads_text;
+  std::string step_tokens_text = "256";
   bool quiet = false;
 };
 
@@ -43,7 +47,17 @@ struct Running {
   int64_t id;
   int64_t generated = 0;
   int32_t last = 0;
+  int64_t prefilled = 0;  // prompt tokens in the cache so far
 };
+
+// The prompt of request r (deterministic tokens).
+std::vector<int32_t> prompt_of(const std::vector<Request>& requests, size_t r) {
+  std::vector<int32_t> prompt;
+  for (int64_t t = 0; t < requests[r].prompt; ++t) {
+    prompt.push_back(static_cast<int32_t>((t * 7 + static_cast<int64_t>(r) * 13) % 256));
+  }
+  return prompt;
+}
 
 double percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0;
@@ -53,7 +67,7 @@ double percentile(std::vector<double> values, double p) {
 }
 
 void run_load(const ServeBenchArguments& arguments, const std::vector<Request>& requests,
-              int64_t concurrency, int threads, int64_t max_len) {
+              int64_t concurrency, int threads, int64_t max_len, int64_t step_tokens) {
   example::TinyDecoderConfig config;
   config.block_size = 16;
   config.cache_blocks = concurrency * ((max_len + 15) / 16) + 1;
@@ -67,22 +81,34 @@ void run_load(const ServeBenchArguments& arguments, const std::vector<Request>& 
   size_t finished = 0;
   const auto start = std::chrono::steady_clock::now();
   while (!waiting.empty() || !running.empty()) {
-    std::vector<int64_t> ids;
-    std::vector<std::vector<int32_t>> tokens;
-    for (const Running& r : running) {
-      ids.push_back(r.id);
-      tokens.push_back({r.last});
-    }
     while (!waiting.empty() && static_cast<int64_t>(running.size()) < concurrency) {
       const size_t r = waiting.front();
       waiting.pop_front();
-      running.push_back({r, model.add_sequence(), 0, 0});
-      std::vector<int32_t> prompt;
-      for (int64_t t = 0; t < requests[r].prompt; ++t) {
-        prompt.push_back(static_cast<int32_t>((t * 7 + static_cast<int64_t>(r) * 13) % 256));
-      }
-      ids.push_back(running.back().id);
-      tokens.push_back(prompt);
+      running.push_back({r, model.add_sequence()});
+    }
+    // The step's batch: decodes first, then prompt chunks within the budget (at least one
+    // token per step, so that a budget below the decodes still makes progress).
+    std::vector<int64_t> ids;
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<size_t> in_step;  // indices into `running`
+    int64_t budget = step_tokens;
+    for (size_t s = 0; s < running.size(); ++s) {
+      if (running[s].prefilled < requests[running[s].request].prompt) continue;
+      ids.push_back(running[s].id);
+      tokens.push_back({running[s].last});
+      in_step.push_back(s);
+      --budget;
+    }
+    for (size_t s = 0; s < running.size() && (budget > 0 || ids.empty()); ++s) {
+      Running& r = running[s];
+      const int64_t prompt = requests[r.request].prompt;
+      if (r.prefilled >= prompt) continue;
+      const int64_t take = std::min(prompt - r.prefilled, std::max<int64_t>(budget, 1));
+      const std::vector<int32_t> whole = prompt_of(requests, r.request);
+      ids.push_back(r.id);
+      tokens.emplace_back(whole.begin() + r.prefilled, whole.begin() + r.prefilled + take);
+      in_step.push_back(s);
+      budget -= take;
     }
     const auto before = std::chrono::steady_clock::now();
     const std::vector<int32_t> next = model.step(ids, tokens);
@@ -90,10 +116,24 @@ void run_load(const ServeBenchArguments& arguments, const std::vector<Request>& 
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - before)
             .count();
     peak_blocks = std::max(peak_blocks, model.cache_blocks_used());
+    std::vector<bool> produced(running.size(), false);
+    for (size_t n = 0; n < in_step.size(); ++n) {
+      Running& r = running[in_step[n]];
+      const int64_t prompt = requests[r.request].prompt;
+      if (r.prefilled < prompt) {
+        r.prefilled += static_cast<int64_t>(tokens[n].size());
+        if (r.prefilled < prompt) continue;  // a middle chunk: no output token yet
+      }
+      r.last = next[n];
+      produced[in_step[n]] = true;
+    }
     std::vector<Running> still;
     for (size_t s = 0; s < running.size(); ++s) {
       Running r = running[s];
-      r.last = next[s];
+      if (!produced[s]) {
+        still.push_back(r);
+        continue;
+      }
       ++r.generated;
       ++generated;
       latencies.push_back(ms);
@@ -162,7 +202,11 @@ void run_serve_bench(const ServeBenchArguments& arguments) {
       static_cast<long long>(output_max), static_cast<unsigned long long>(seed));
   std::printf(
       "concurrency requests   tokens   tokens/s    p50 ms    p99 ms  cache MiB  alloc MiB\n");
-  for (const int64_t c : levels) run_load(arguments, requests, c, threads, prompt_max + output_max);
+  const auto step_tokens =
+      static_cast<int64_t>(parse_integer("--step-tokens", arguments.step_tokens_text, 1, 1 << 20));
+  for (const int64_t c : levels) {
+    run_load(arguments, requests, c, threads, prompt_max + output_max, step_tokens);
+  }
 }
 
 }  // namespace
@@ -190,6 +234,10 @@ Command add_serve_bench_command(CLI::App& app) {
   command->add_option("--seed", arguments->seed_text, "seed of the lengths (default 1)")
       ->type_name("INT");
   command->add_option("--threads", arguments->threads_text, "threads (default: all)")
+      ->type_name("INT");
+  command
+      ->add_option("--step-tokens", arguments->step_tokens_text,
+                   "new tokens per step: decodes, then prompt chunks (default 256)")
       ->type_name("INT");
   command->add_flag("--quiet", arguments->quiet, "no progress bar");
   return {command, [arguments] { run_serve_bench(*arguments); }};
