@@ -8,7 +8,8 @@
 // burst of long prompts no longer stalls the decodes beside it. For each concurrency it
 // prints tokens per second (generated tokens / wall time), the per-token latency percentiles
 // (each generated token counts the duration of the step that produced it) and the cache
-// memory (peak in use, allocated). Progress goes to stderr.
+// memory (peak in use, allocated). A progress bar goes to stderr when it is a terminal
+// (--progress: always; --quiet: never).
 #include "serve_bench_command.hpp"
 
 #include <algorithm>
@@ -35,7 +36,7 @@ struct ServeBenchArguments {
   std::string seed_text = "1";
   std::string threads_text;
   std::string step_tokens_text = "256";
-  bool quiet = false;
+  support::ProgressChoice progress;
 };
 
 struct Request {
@@ -79,6 +80,7 @@ void run_load(const ServeBenchArguments& arguments, const std::vector<Request>& 
   std::vector<double> latencies;  // one per generated token, ms
   int64_t generated = 0, peak_blocks = 0;
   size_t finished = 0;
+  const bool progress = support::draw_progress(arguments.progress);
   const auto start = std::chrono::steady_clock::now();
   while (!waiting.empty() || !running.empty()) {
     while (!waiting.empty() && static_cast<int64_t>(running.size()) < concurrency) {
@@ -140,7 +142,7 @@ void run_load(const ServeBenchArguments& arguments, const std::vector<Request>& 
       if (r.generated >= requests[r.request].output) {
         model.remove_sequence(r.id);
         ++finished;
-        if (!arguments.quiet) {
+        if (progress) {
           const size_t width = 30, done = finished * width / requests.size();
           std::fprintf(stderr, "\rconcurrency %3lld [%s%s] %zu/%zu requests",
                        static_cast<long long>(concurrency), std::string(done, '#').c_str(),
@@ -154,7 +156,7 @@ void run_load(const ServeBenchArguments& arguments, const std::vector<Request>& 
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!arguments.quiet) std::fprintf(stderr, "\n");
+  if (progress) std::fprintf(stderr, "\n");
   const double block_bytes = static_cast<double>(model.cache_bytes()) /
                              static_cast<double>(config.cache_blocks * config.layers);
   std::printf("%11lld %8zu %8lld %10.0f %9.2f %9.2f %10.2f %10.2f\n",
@@ -166,7 +168,7 @@ void run_load(const ServeBenchArguments& arguments, const std::vector<Request>& 
   std::fflush(stdout);
 }
 
-void run_serve_bench(const ServeBenchArguments& arguments) {
+void run_serve_bench(const ServeBenchArguments& arguments, const CLI::App& command) {
   const auto count =
       static_cast<int64_t>(parse_integer("--requests", arguments.requests_text, 1, 100000));
   const auto prompt_max =
@@ -174,10 +176,7 @@ void run_serve_bench(const ServeBenchArguments& arguments) {
   const auto output_max =
       static_cast<int64_t>(parse_integer("--output-max", arguments.output_max_text, 1, 65536));
   const uint64_t seed = parse_integer("--seed", arguments.seed_text, 0, UINT64_MAX);
-  const int threads =
-      arguments.threads_text.empty()
-          ? 0
-          : static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, 1024));
+  const int threads = threads_from(command, arguments.threads_text, 0);
   std::vector<int64_t> levels;
   std::stringstream list(arguments.concurrency_text);
   for (std::string item; std::getline(list, item, ',');) {
@@ -222,7 +221,7 @@ Command add_serve_bench_command(CLI::App& app) {
   command
       ->add_option("--concurrency", arguments->concurrency_text,
                    "comma-separated concurrency levels (default 1,8,32)")
-      ->type_name("LIST");
+      ->type_name("INT[,INT...]");
   command
       ->add_option("--prompt-max", arguments->prompt_max_text,
                    "longest prompt; prompts are uniform in [max/16, max] (default 256)")
@@ -233,14 +232,13 @@ Command add_serve_bench_command(CLI::App& app) {
       ->type_name("INT");
   command->add_option("--seed", arguments->seed_text, "seed of the lengths (default 1)")
       ->type_name("INT");
-  command->add_option("--threads", arguments->threads_text, "threads (default: all)")
-      ->type_name("INT");
   command
       ->add_option("--step-tokens", arguments->step_tokens_text,
                    "new tokens per step: decodes, then prompt chunks (default 256)")
       ->type_name("INT");
-  command->add_flag("--quiet", arguments->quiet, "no progress bar");
-  return {command, [arguments] { run_serve_bench(*arguments); }};
+  add_threads_option(*command, arguments->threads_text, "all");
+  support::add_progress_options(*command, arguments->progress, "no progress bar");
+  return {command, [arguments, command] { run_serve_bench(*arguments, *command); }};
 }
 
 }  // namespace attend::cli
