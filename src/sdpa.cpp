@@ -275,6 +275,28 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
   }
 }
 
+bool wants_bf16_products(DType input_dtype, ComputePrecision compute) {
+  switch (compute) {
+    case ComputePrecision::kFloat32:
+      return false;
+    case ComputePrecision::kFloat16:
+      throw Error("compute precision float16: " +
+                  std::string(cpu_precision_support().avx512_fp16
+                                  ? "float16 products are not implemented yet"
+                                  : "this CPU has no AVX512_FP16") +
+                  "; use ComputePrecision::kFloat32 (float16 inputs are computed in float32)");
+    case ComputePrecision::kBFloat16:
+      if (!native_bf16_products()) {
+        throw Error(std::string("compute precision bfloat16 needs bfloat16 products, but ") +
+                    why_no_bf16_products() + "; use ComputePrecision::kFloat32");
+      }
+      return true;
+    case ComputePrecision::kAuto:
+      break;
+  }
+  return input_dtype == DType::kBFloat16 && native_bf16_products();
+}
+
 namespace {
 
 // A view of `dtype` (bfloat16 or float16) with a contiguous last dimension: the view itself
