@@ -351,7 +351,7 @@ OperandChoice choose_operands(const TensorView& query, const TensorView& value,
     }
     return {};  // float32 (on the rounded inputs for kBFloat16: see make_params)
   }
-  const bool rows = 2 * query.shape.back(1) <= fused_lanes();
+  const bool rows = RunsInRowGroups(query.shape.back(1), fused_lanes());
   if (rows) {
     if (requested) return {Products::kHalfKeysValues, DType::kBFloat16};
     if (options.compute != ComputePrecision::kAuto) return {};
@@ -369,7 +369,7 @@ OperandChoice choose_operands(const TensorView& query, const TensorView& value,
     return {};
   }
   // Half-precision inputs computed in float32: the query tiles widen K and V per thread and
-  // batch index (WidenKeysAndValues), exactly, where the copy fits.
+  // batch index (PackKeysAndValues), exactly, where the copy fits.
   if (options.compute == ComputePrecision::kAuto &&
       FitsPackedFloats(key_len, head_dim, value_dim)) {
     if (query.dtype == DType::kBFloat16) return {Products::kHalfKeysValues, DType::kBFloat16};

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "shape_policy.hpp"
 #include "simd_dispatch.hpp"
 
 // Each once per target, in this order (each uses what the ones before it define):
@@ -82,7 +83,7 @@ template <int QV, class Products>
 void RunAllTiles(const SdpaParams& p) {
   constexpr int64_t tq = QV * kLanes;
   const int64_t tiles_per_batch = (p.query_len + tq - 1) / tq;
-  const bool pack = ShouldPackKeysAndValues(p);
+  const bool pack = ShouldPackKeysAndValues(p, kLanes);
   RunItems<Workspace>(
       p, p.batch * tiles_per_batch, tq,
       [&](Workspace& ws, int64_t item, KeySpan span) {
@@ -91,9 +92,7 @@ void RunAllTiles(const SdpaParams& p) {
         if constexpr (!std::is_void_v<Products>) {
           ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
                        span.begin, span.count);
-        } else if (p.half_kv()) {
-          WidenKeysAndValues(p, ws.packed, tile);
-        } else if (pack && span.partial == nullptr) {
+        } else if (p.half_kv() || (pack && span.partial == nullptr)) {
           PackKeysAndValues(p, ws.packed, tile);
         }
         TileAttention<QV, Products>(p, ws).Run(tile, span);
@@ -105,16 +104,13 @@ void RunAllTiles(const SdpaParams& p) {
       });
 }
 
-// Row groups while a query tile would be at most half full (see fused_sdpa_rows_rejects);
-// else query tiles of as many vectors as the queries fill, up to 4.
-bool RowsFit(const SdpaParams& p) { return 2 * p.query_len <= kLanes; }
-
 void FusedSdpaRows(const SdpaParams& p) { RunAllRows(p); }
 
+// Query tiles of TileVectors(Lq) vectors (shape_policy.hpp).
 template <class Products>
 void RunTilesOfHeight(const SdpaParams& p) {
-  const int64_t vectors = (p.query_len + kLanes - 1) / kLanes;
-  if (vectors >= 4) return RunAllTiles<4, Products>(p);
+  const int64_t vectors = TileVectors(p.query_len, kLanes);
+  if (vectors == 4) return RunAllTiles<4, Products>(p);
   if (vectors == 3) return RunAllTiles<3, Products>(p);
   if (vectors == 2) return RunAllTiles<2, Products>(p);
   return RunAllTiles<1, Products>(p);
@@ -139,7 +135,7 @@ FusedPlan PlanFused(const SdpaParams& p, bool rows) {
   if (rows) {
     items = RowGroups(p).count;
   } else {
-    const int64_t tq = std::min<int64_t>((p.query_len + kLanes - 1) / kLanes, 4) * kLanes;
+    const int64_t tq = TileVectors(p.query_len, kLanes) * kLanes;
     items = p.batch * ((p.query_len + tq - 1) / tq);
   }
   return {rows, items, PlanKeySplit(p, items).chunks};
@@ -159,8 +155,7 @@ HWY_EXPORT(PlanFused);
 
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
   if (params.bf16_products()) return "bfloat16 products run in query tiles";
-  const int64_t lanes = ATTEND_DISPATCH(FusedLanes)();
-  if (2 * params.query_len <= lanes) return nullptr;
+  if (RunsInRowGroups(params.query_len, ATTEND_DISPATCH(FusedLanes)())) return nullptr;
   return "more queries than half the SIMD lanes (a query tile fills better)";
 }
 

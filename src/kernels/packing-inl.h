@@ -72,64 +72,22 @@ HWY_INLINE void TransposeSquare(VF* v) {
 #define ATTEND_BLOCK_SHUFFLES 0
 #endif
 
-// Query tiles read all of K and V once per tile. When the rows of K or V are not adjacent
-// (heads interleaved, as in (N, L, H, D) views or the (N, L, 3, H, D) projections of a
-// multi-head layer), a batch index's keys are spread over H (or 3H) times the memory, and
-// every pass over them misses in L2 and the TLB: at unet's shape (L 4096, E 32) rows 384
-// floats apart made the kernel 1.2–1.4× slower than contiguous ones. Each thread then first
-// copies the K and V of the batch index it works on into a contiguous buffer of
-// Lk·(E + Ev) floats (at most kMaxPackedFloats), which its tiles of that batch index read:
-// one copy per thread and batch index against one pass per query tile. Only with several
-// query tiles per batch index, and not for the chunks of a key split (few tiles).
-// Queries per query tile at most (4 vectors, see query_tiles-inl.h).
-constexpr int64_t kMaxTileQueries = 4 * kLanes;
-
-bool ShouldPackKeysAndValues(const SdpaParams& p) {
-  const bool interleaved = p.key_strides.row != p.head_dim || p.value_strides.row != p.value_dim;
-  return interleaved && p.query_len > kMaxTileQueries &&
-         FitsPackedFloats(p.key_len, p.head_dim, p.value_dim);
-}
-
-// One thread's contiguous copy of a batch index's K [Lk][E] and V [Lk][Ev] (allocated at the
-// first use; null if that failed), and the operands it was copied from.
+// One thread's contiguous float32 copy of a batch index's K [Lk][E] and V [Lk][Ev], and the
+// operands it was copied from. Made for two reasons (shape_policy.hpp):
+//  - float32 K/V whose rows interleave other heads' (ShouldPackKeysAndValues; allocated at
+//    the first use, null if that failed);
+//  - half-precision K/V computed in float32 (SdpaParams::half_kv: bfloat16, or float16 where
+//    the target widens exactly), widened here once per thread and batch index in place of a
+//    float32 copy of the whole operands before the call; the tiles' arithmetic and results
+//    are those of float32 operands. Allocated with the workspace (the boundary sends
+//    operands beyond kMaxPackedFloats as float32).
 struct PackedOperands {
   hwy::AlignedFreeUniquePtr<float[]> buffer;
-  const float* key_from = nullptr;
-  const float* value_from = nullptr;
+  const void* key_from = nullptr;
+  const void* value_from = nullptr;
 };
 
-// Points `tile` at a contiguous copy of its K and V in `packed` (made when the thread's last
-// copy was of other operands); leaves it reading the operands if the buffer cannot be
-// allocated.
-void PackKeysAndValues(const SdpaParams& p, PackedOperands& packed, Tile& tile) {
-  const int64_t E = p.head_dim, Ev = p.value_dim;
-  if (!packed.buffer) {
-    packed.buffer = hwy::AllocateAligned<float>(static_cast<size_t>(p.key_len * (E + Ev)));
-    if (!packed.buffer) return;
-  }
-  float* key = packed.buffer.get();
-  float* value = key + p.key_len * E;
-  if (packed.key_from != tile.key || packed.value_from != tile.value) {
-    for (int64_t j = 0; j < p.key_len; ++j) {
-      std::copy_n(tile.key + j * tile.key_stride, E, key + j * E);
-      std::copy_n(tile.value + j * tile.value_stride, Ev, value + j * Ev);
-    }
-    packed.key_from = tile.key;
-    packed.value_from = tile.value;
-  }
-  tile.key = key;
-  tile.value = value;
-  tile.key_stride = E;
-  tile.value_stride = Ev;
-}
-
-// Half-precision K and V in the query tiles (SdpaParams::half_kv, bfloat16 or float16 inputs
-// computed in float32): each thread widens the K [Lk][E] and V [Lk][Ev] of the batch index
-// it works on into its contiguous float32 buffer (exactly: the tiles' arithmetic and results
-// are those of float32 operands), which its tiles of that batch index read, in place of a
-// float32 copy of the whole operands made before the call. The buffer (Lk·(E + Ev) floats, at
-// most kMaxPackedFloats: the boundary sends larger ones as float32) is allocated with the
-// workspace.
+// to[j][0, n) = from[j·stride + i] widened to float32, for rows j < rows.
 template <class Half>
 void WidenRows(DType dtype, const uint16_t* from, int64_t stride, int64_t rows, int64_t n,
                float* to) {
@@ -147,15 +105,26 @@ void WidenRows(DType dtype, const uint16_t* from, int64_t stride, int64_t rows, 
   }
 }
 
-void WidenKeysAndValues(const SdpaParams& p, PackedOperands& packed, Tile& tile) {
+// Points `tile` at a contiguous float32 copy of its K and V in `packed` (made when the
+// thread's last copy was of other operands); leaves float32 operands read in place if the
+// buffer cannot be allocated.
+void PackKeysAndValues(const SdpaParams& p, PackedOperands& packed, Tile& tile) {
   const int64_t E = p.head_dim, Ev = p.value_dim;
+  if (!packed.buffer) {
+    packed.buffer = hwy::AllocateAligned<float>(static_cast<size_t>(p.key_len * (E + Ev)));
+    if (!packed.buffer) return;
+  }
   float* key = packed.buffer.get();
   float* value = key + p.key_len * E;
-  // key_from and value_from record the half-precision operands, reinterpreted.
-  const auto* key_from = reinterpret_cast<const float*>(tile.key_half);
-  const auto* value_from = reinterpret_cast<const float*>(tile.value_half);
+  const void* key_from = tile.key ? static_cast<const void*>(tile.key) : tile.key_half;
+  const void* value_from = tile.value ? static_cast<const void*>(tile.value) : tile.value_half;
   if (packed.key_from != key_from || packed.value_from != value_from) {
-    if (p.half_dtype == DType::kFloat16) {
+    if (tile.key) {
+      for (int64_t j = 0; j < p.key_len; ++j) {
+        std::copy_n(tile.key + j * tile.key_stride, E, key + j * E);
+        std::copy_n(tile.value + j * tile.value_stride, Ev, value + j * Ev);
+      }
+    } else if (p.half_dtype == DType::kFloat16) {
       WidenRows<hwy::float16_t>(p.half_dtype, tile.key_half, tile.key_stride, p.key_len, E, key);
       WidenRows<hwy::float16_t>(p.half_dtype, tile.value_half, tile.value_stride, p.key_len, Ev,
                                 value);

@@ -23,6 +23,7 @@
 #include "kernels/isa/bf16_pairs.hpp"
 #include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
+#include "shape_policy.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -32,9 +33,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Key tile: 128 keys. The score tile (128 × Tq floats, 32 KiB at Tq = 64) stays in L1 while
 // it is exponentiated and multiplied by V; measured 64–256 within 2% on Zen 5.
 constexpr int64_t kKeyTile = 128;
-// At most 4 query vectors per tile (64 queries on AVX-512): enough rows to amortize each
-// K and V broadcast over 4 FMAs.
-constexpr int kMaxQueryVectors = 4;
+// At most 4 query vectors per tile (shape_policy.hpp: TileVectors).
+constexpr int kMaxQueryVectors = static_cast<int>(kMaxTileVectors);
 // Register blocks: the query vectors of a tile (QV, up to 4) × kScoreKeys keys of score
 // accumulators, and the same query vectors × kValueColumns value columns of output
 // accumulators, kAccumulators in all. 32-register targets: 24 (4×6: 4 + 6 loads per 24
@@ -157,7 +157,7 @@ struct Workspace {
     row_rules.Allocate(tq);
     if (has_pairwise_rules(p)) keep.Allocate(kKeyTile, tq);
     operands_ok = bf16.Allocate(p, tq, kKeyTile);
-    if (p.half_kv() && !p.bf16_products()) {  // see WidenKeysAndValues
+    if (p.half_kv() && !p.bf16_products()) {  // see PackedOperands
       packed.buffer = hwy::AllocateAligned<float>(
           static_cast<size_t>(std::max<int64_t>(p.key_len * (p.head_dim + p.value_dim), 1)));
       operands_ok = operands_ok && packed.buffer;
