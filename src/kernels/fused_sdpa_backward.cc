@@ -37,6 +37,7 @@
 #include "dropout.hpp"
 #include "half.hpp"
 #include "score_rule_layer.hpp"
+#include "shape_policy.hpp"
 #include "simd_dispatch.hpp"
 
 // Exp2, kLog2e, DenormalsAreZero and ParallelItems, once per target.
@@ -54,7 +55,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Query tile: up to 4 vectors (64 queries on AVX-512), as many as the queries fill, as the
 // forward. Key tile: 64 keys, so that the dK and dV accumulators (64 × E floats each, 32 KiB
 // at E = 128) stay in L1/L2 while every query tile passes.
-constexpr int64_t kMaxQueryVectors = 4;
+constexpr int64_t kMaxQueryVectors = kMaxTileVectors;  // shape_policy.hpp: TileVectors
 constexpr int64_t kKeyTile = 64;
 // Register blocks of the products: up to kAccumulators vector accumulators, ROWS rows of
 // broadcast A × VECS vectors of B with ROWS·VECS = kAccumulators (6 × 4, 12 × 2, 24 × 1 on
@@ -221,7 +222,7 @@ struct BackwardWorkspace {
   bool bf16_ok = true;
 
   explicit BackwardWorkspace(const SdpaParams& p)
-      : tq(std::min(kMaxQueryVectors, (p.query_len + kLanes - 1) / kLanes) * kLanes),
+      : tq(TileVectors(p.query_len, kLanes) * kLanes),
         lq_pad(RoundUp(std::max<int64_t>(p.query_len, 1), tq)),
         e_pad(RoundUp(p.head_dim, kLanes)),
         ev_pad(RoundUp(p.value_dim, kLanes)) {
