@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/isa/amx_bf16.hpp"  // not per target: function-level target attributes
 #include "simd_dispatch.hpp"
 
 // Each once per target, in this order (each uses what the ones before it define):
@@ -87,6 +88,15 @@ void RunAllTiles(const SdpaParams& p) {
         const int64_t q0 = (item % tiles_per_batch) * tq;
         Tile tile = MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0));
         if constexpr (BF16) {
+#if ATTEND_BF16_PRODUCTS
+          if (p.amx_tiles) {
+            ws.amx.Pack(tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
+                        p.head_dim, p.value_dim, span.begin, span.count);
+            const amx::TileScope tiles;
+            TileAttention<QV, BF16>(p, ws).Run(tile, span);
+            return;
+          }
+#endif
           ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
                        span.begin, span.count);
         } else if (pack && span.partial == nullptr) {

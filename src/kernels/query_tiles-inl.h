@@ -59,13 +59,18 @@ struct Workspace {
   KeepTile keep;                                 // [Tk][Tq]  pairwise rules' verdicts
   PackedOperands packed;                         // see PackKeysAndValues
   Bf16Operands bf16;                             // bfloat16 products only: see Bf16Operands
+#if ATTEND_BF16_PRODUCTS
+  amx::TileOperands amx;                         // the same on AMX tiles (p.amx_tiles)
+#endif
 
   explicit Workspace(const SdpaParams& p) {
     const int64_t tq = kMaxQueryVectors * kLanes;
     query_t = hwy::AllocateAligned<float>(static_cast<size_t>(p.head_dim * tq));
     score_t = hwy::AllocateAligned<float>(static_cast<size_t>(kKeyTile * tq));
-    out_t =
-        hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1) * tq));
+    // Rows up to a multiple of 16 for the AMX tiles (the rows past Ev stay zero).
+    const int64_t out_rows = (std::max<int64_t>(p.value_dim, 1) + 15) / 16 * 16;
+    out_t = hwy::AllocateAligned<float>(static_cast<size_t>(out_rows * tq));
+    if (out_t) std::fill_n(out_t.get(), out_rows * tq, 0.0f);
     row_max = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     row_sum = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     alpha = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
@@ -75,6 +80,12 @@ struct Workspace {
     visited = hwy::AllocateAligned<int64_t>(static_cast<size_t>(p.weights ? key_tiles : 1));
     row_rules.Allocate(tq);
     if (has_pairwise_rules(p)) keep.Allocate(kKeyTile, tq);
+#if ATTEND_BF16_PRODUCTS
+    if (p.bf16_products() && p.amx_tiles) {
+      bf16_ok = amx.Allocate(p.head_dim, p.value_dim, p.key_len, tq, kKeyTile);
+      return;
+    }
+#endif
     bf16_ok = bf16.Allocate(p, tq, kKeyTile);
   }
   bool bf16_ok = true;
@@ -140,7 +151,9 @@ HWY_INLINE void ValueBlock(const float* HWY_RESTRICT score_t, const float* value
 }
 
 // BF16: the two products on AVX512_BF16 (bf16_products-inl.h), from the bfloat16 operands of
-// the tile and of ws.bf16 (packed by the caller); else in float32.
+// the tile and of ws.bf16 (packed by the caller), or with p.amx_tiles on AMX tiles
+// (isa/amx_bf16.hpp) from ws.amx (packed by the caller, inside an amx::TileScope); else in
+// float32.
 template <int QV, bool BF16 = false>
 class TileAttention {
  public:
@@ -237,8 +250,7 @@ class TileAttention {
     const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
     if constexpr (BF16) {
       score_factor_ = factor;
-      LoadQueryPairs(p_, tile.query_half, tile.first_query, tile.rows, kTq,
-                     ws_.bf16.query_pairs.get());
+      LoadQueryPairs(p_, tile.query_half, tile.first_query, tile.rows, kTq, QueryPairs());
       return;
     }
     float* query_t = ws_.query_t.get();
@@ -313,9 +325,10 @@ class TileAttention {
     }
   }
 
-  // The same with bfloat16 products: K from the span packed in ws_.bf16.
+  // The same with bfloat16 products: K from the span packed in ws_.bf16 (or ws_.amx).
   void ComputeScoresBf16(int64_t k0, int64_t keys) {
 #if ATTEND_BF16_PRODUCTS
+    if (p_.amx_tiles) return ComputeScoresAmx(k0, keys);
     const int64_t pairs = PairsOf(p_.head_dim);
     const uint32_t* key = ws_.bf16.key + (k0 - ws_.bf16.begin) * pairs;
     const uint32_t* query_pairs = ws_.bf16.query_pairs.get();
@@ -336,6 +349,50 @@ class TileAttention {
     HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
 #endif
   }
+
+#if ATTEND_BF16_PRODUCTS
+  uint32_t* QueryPairs() {
+    return p_.amx_tiles ? ws_.amx.query_pairs.get() : ws_.bf16.query_pairs.get();
+  }
+
+  // score_t[j][q] = factor·Σ_e K[k0 + j][e]·Q[q][e] on AMX tiles: rows of 16 keys (the rows
+  // past `keys`, from zero or later keys, are left unread), all E' of depth.
+  void ComputeScoresAmx(int64_t k0, int64_t keys) {
+    amx::TileOperands& op = ws_.amx;
+    float* score_t = ws_.score_t.get();
+    amx::GemmBf16(amx::RoundUp(keys, amx::kTileRows), kTq, op.depth,
+                  op.key.get() + (k0 - op.begin) * op.depth, op.depth, op.query_pairs.get(), kTq,
+                  score_t, kTq, false);
+    const DF d;
+    const VF f = hn::Set(d, score_factor_);
+    for (int64_t i = 0; i < keys * kTq; i += kLanes) {
+      hn::Store(hn::Mul(hn::Load(d, score_t + i), f), d, score_t + i);
+    }
+  }
+
+  // out_t[c][q] = alpha[q]·out_t[c][q] + Σ_j V[k0 + j][c]·P[j][q] on AMX tiles: P rounded to
+  // pairs as on AVX512_BF16, zero up to a whole step of 32 keys; rows of 16 value columns.
+  void AccumulateValuesAmx(int64_t k0, int64_t keys, const float* alpha) {
+    amx::TileOperands& op = ws_.amx;
+    uint32_t* prob_pairs = op.prob_pairs.get();
+    ProbabilityPairs<QV>(ws_.score_t.get(), keys, prob_pairs);
+    const int64_t depth = amx::RoundUp(keys, amx::kTileDepth);
+    std::fill(prob_pairs + PairsOf(keys) * kTq, prob_pairs + depth / 2 * kTq, 0u);
+    const DF d;
+    float* out_t = ws_.out_t.get();
+    for (int r = 0; r < QV; ++r) {
+      const VF a = hn::Load(d, alpha + r * kLanes);
+      for (int64_t c = 0; c < p_.value_dim; ++c) {
+        float* o = out_t + c * kTq + r * kLanes;
+        hn::Store(hn::Mul(a, hn::Load(d, o)), d, o);
+      }
+    }
+    amx::GemmBf16(op.value_rows, kTq, depth, op.value_t.get() + (k0 - op.begin), op.value_stride,
+                  prob_pairs, kTq, out_t, kTq, true);
+  }
+#else
+  uint32_t* QueryPairs() { return ws_.bf16.query_pairs.get(); }
+#endif
 
   // Online-softmax step over `keys` rows of score_t: new max, alpha = 2^(m − m'),
   // probabilities 2^(s − m') in place, l' = α·l + Σ p.
@@ -494,6 +551,7 @@ class TileAttention {
   // The same with bfloat16 products: the probabilities rounded to pairs, V from ws_.bf16.
   void AccumulateValuesBf16(int64_t k0, int64_t keys, const float* alpha) {
 #if ATTEND_BF16_PRODUCTS
+    if (p_.amx_tiles) return AccumulateValuesAmx(k0, keys, alpha);
     ProbabilityPairs<QV>(ws_.score_t.get(), keys, ws_.bf16.prob_pairs.get());
     const int64_t pairs = PairsOf(keys);
     const int64_t ev = p_.value_dim;
