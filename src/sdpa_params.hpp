@@ -45,7 +45,7 @@ struct SdpaParams {
 
   // Half-precision operands (bfloat16 or float16: half_dtype) in place of the float32
   // pointers above (null then), with the same strides:
-  //  - bfloat16 products (AttentionOptions::compute, AVX512_BF16; bf16_products-inl.h):
+  //  - bfloat16 products (AttentionOptions::compute, AVX512_BF16; kernels/isa/avx512_bf16-inl.h):
   //    query_half, key_half and value_half, all bfloat16; only the query tiles run them;
   //  - half-precision K and V for the row groups (decoding: K and V are the bytes a step
   //    reads), widened to float32 as they are loaded: key_half and value_half, query float32.

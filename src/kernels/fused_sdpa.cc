@@ -37,8 +37,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
-#include "kernels/isa/amx_bf16.hpp"  // not per target: function-level target attributes
 #include "simd_dispatch.hpp"
 
 // Each once per target, in this order (each uses what the ones before it define):
@@ -50,8 +50,10 @@
 #include "kernels/forward_common-inl.h"
 // register transposes and the packed K/V copy;
 #include "kernels/packing-inl.h"
-// bfloat16 products (AVX512_BF16): operand pairs and register blocks;
-#include "kernels/bf16_products-inl.h"
+// bfloat16 products (AVX512_BF16): pair packing and register blocks;
+#include "kernels/isa/avx512_bf16-inl.h"
+// bfloat16 products on AMX tiles: the same interface;
+#include "kernels/isa/amx_bf16-inl.h"
 // the query-tile kernel;
 #include "kernels/query_tiles-inl.h"
 // the row-group kernel;
@@ -77,7 +79,8 @@ void RunAllRows(const SdpaParams& p) {
       });
 }
 
-template <int QV, bool BF16>
+// Products: void (float32 products) or a bfloat16 products struct (isa/).
+template <int QV, class Products>
 void RunAllTiles(const SdpaParams& p) {
   constexpr int64_t tq = QV * kLanes;
   const int64_t tiles_per_batch = (p.query_len + tq - 1) / tq;
@@ -87,22 +90,22 @@ void RunAllTiles(const SdpaParams& p) {
       [&](Workspace& ws, int64_t item, KeySpan span) {
         const int64_t q0 = (item % tiles_per_batch) * tq;
         Tile tile = MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0));
-        if constexpr (BF16) {
-#if ATTEND_BF16_PRODUCTS
-          if (p.amx_tiles) {
-            ws.amx.Pack(tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
-                        p.head_dim, p.value_dim, span.begin, span.count);
-            const amx::TileScope tiles;
-            TileAttention<QV, BF16>(p, ws).Run(tile, span);
-            return;
-          }
+#if ATTEND_AMX_BF16
+        if constexpr (kTakesTileOperands<Products>) {
+          ws.amx.Pack(tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
+                      p.head_dim, p.value_dim, span.begin, span.count);
+          const amx::TileScope tiles;
+          TileAttention<QV, Products>(p, ws).Run(tile, span);
+          return;
+        }
 #endif
+        if constexpr (!std::is_void_v<Products>) {
           ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
                        span.begin, span.count);
         } else if (pack && span.partial == nullptr) {
           PackKeysAndValues(p, ws.packed, tile);
         }
-        TileAttention<QV, BF16>(p, ws).Run(tile, span);
+        TileAttention<QV, Products>(p, ws).Run(tile, span);
       },
       [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
         batch = item / tiles_per_batch;
@@ -117,24 +120,27 @@ bool RowsFit(const SdpaParams& p) { return 2 * p.query_len <= kLanes; }
 
 void FusedSdpaRows(const SdpaParams& p) { RunAllRows(p); }
 
-template <bool BF16>
+template <class Products>
 void RunTilesOfHeight(const SdpaParams& p) {
   const int64_t vectors = (p.query_len + kLanes - 1) / kLanes;
-  if (vectors >= 4) return RunAllTiles<4, BF16>(p);
-  if (vectors == 3) return RunAllTiles<3, BF16>(p);
-  if (vectors == 2) return RunAllTiles<2, BF16>(p);
-  return RunAllTiles<1, BF16>(p);
+  if (vectors >= 4) return RunAllTiles<4, Products>(p);
+  if (vectors == 3) return RunAllTiles<3, Products>(p);
+  if (vectors == 2) return RunAllTiles<2, Products>(p);
+  return RunAllTiles<1, Products>(p);
 }
 
 void FusedSdpaTiles(const SdpaParams& p) {
   if (p.bf16_products()) {
-#if ATTEND_BF16_PRODUCTS
-    return RunTilesOfHeight<true>(p);
+#if ATTEND_AMX_BF16
+    if (p.amx_tiles) return RunTilesOfHeight<AmxBf16>(p);
+#endif
+#if ATTEND_AVX512_BF16
+    return RunTilesOfHeight<Avx512Bf16>(p);
 #else
     HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
 #endif
   }
-  RunTilesOfHeight<false>(p);
+  RunTilesOfHeight<void>(p);
 }
 
 int64_t FusedLanes() { return kLanes; }
