@@ -25,6 +25,7 @@
 namespace attend::detail {
 namespace {
 
+#if defined(__x86_64__)
 // Deterministic values in [-1, 1), rounded to bfloat16.
 std::vector<uint16_t> pseudo_random_bf16(size_t count, uint64_t seed) {
   std::vector<uint16_t> values(count);
@@ -40,7 +41,6 @@ struct GemmShape {
   int64_t rows, cols, depth;
 };
 
-#if defined(__x86_64__)
 // rows × cols × depth with padded strides; B built from a plain [depth][cols] matrix and
 // packed into pairs here, so a wrong pair order in the kernel shows.
 void check_gemm(const GemmShape& s, bool accumulate) {
