@@ -7,9 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
-#include "attend/error.hpp"
 #include "simd_dispatch.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -125,27 +123,5 @@ bool amx_bf16_products() { return why_no_amx_bf16()[0] == '\0'; }
 void set_amx_switch(bool on) { amx_switch().store(on, std::memory_order_relaxed); }
 
 bool amx_switched_on() { return amx_switch().load(std::memory_order_relaxed); }
-
-bool wants_bf16_products(DType input_dtype, ComputePrecision compute) {
-  switch (compute) {
-    case ComputePrecision::kFloat32:
-      return false;
-    case ComputePrecision::kFloat16:
-      throw Error("compute precision float16: " +
-                  std::string(cpu_precision_support().avx512_fp16
-                                  ? "float16 products are not implemented yet"
-                                  : "this CPU has no AVX512_FP16") +
-                  "; use ComputePrecision::kFloat32 (float16 inputs are computed in float32)");
-    case ComputePrecision::kBFloat16:
-      if (!native_bf16_products()) {
-        throw Error(std::string("compute precision bfloat16 needs bfloat16 products, but ") +
-                    why_no_bf16_products() + "; use ComputePrecision::kFloat32");
-      }
-      return true;
-    case ComputePrecision::kAuto:
-      break;
-  }
-  return input_dtype == DType::kBFloat16 && native_bf16_products();
-}
 
 }  // namespace attend::detail

@@ -1,10 +1,9 @@
 // cpu_features.hpp: the reduced-precision instructions of this CPU (read once from cpuid and
-// the OS's enabled register state) and whether attend's dispatch may use them now.
+// the OS's enabled register state) and whether attend's dispatch may use them now. What a
+// call computes with them is the boundary's choice (wants_bf16_products, sdpa_boundary.hpp).
 #pragma once
 
 #include "attend/runtime.hpp"
-#include "attend/sdpa.hpp"
-#include "attend/tensor.hpp"
 
 namespace attend::detail {
 
@@ -33,10 +32,5 @@ bool amx_switched_on();
 // Whether the dispatched SIMD target widens float16 to float32 exactly, infinities and NaNs
 // included (x86 with F16C: AVX2 and above); Highway's software widening does not.
 bool exact_f16_widening();
-
-// Whether inputs of `input_dtype` computed at `compute` (AttentionOptions::compute) take
-// bfloat16 products: kBFloat16 always, kAuto for bfloat16 inputs where the CPU has them.
-// attend::Error for kBFloat16 without them and for kFloat16 (not implemented), naming why.
-bool wants_bf16_products(DType input_dtype, ComputePrecision compute);
 
 }  // namespace attend::detail

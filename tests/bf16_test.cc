@@ -201,16 +201,17 @@ TEST_P(Bf16Path, ResultsDoNotDependOnTheThreadCount) {
             std::string::npos);
 }
 
-// Decoding shapes read bfloat16 and float16 K and V as they are (the row groups widen them
-// as they load): bit for bit the float32 path on the widened inputs, on every target, over
-// the grid's cases that run in row groups.
-TEST(HalfKeysValues, RowGroupsGiveTheBitsOfTheWidenedInputs) {
-  int half_runs = 0;
+// Half-precision inputs computed in float32 read bfloat16 and float16 K and V as they are
+// (the row groups widen them as they load, the query tiles once per thread and batch index):
+// bit for bit the float32 path on the widened inputs, on every target, over the grid's
+// cases that run in either kernel.
+TEST(HalfKeysValues, GiveTheBitsOfTheWidenedInputs) {
+  int half_runs = 0, tile_runs = 0;
   for (const std::string& target : supported_simd_targets()) {
     ScopedSimdCap cap(target);
     for (const SdpaCase& spec : load_sdpa_cases(ATTEND_TEST_DATA_DIR "/sdpa_cases.txt")) {
       const CaseInputs in = make_case_inputs(spec);
-      if (attention_kernel(in.query, in.key, in.value, in.options).rfind("fused rows", 0) != 0) {
+      if (attention_kernel(in.query, in.key, in.value, in.options).rfind("fused", 0) != 0) {
         continue;
       }
       for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
@@ -227,7 +228,9 @@ TEST(HalfKeysValues, RowGroupsGiveTheBitsOfTheWidenedInputs) {
         AttentionOptions options = in.options;
         options.need_logsumexp = true;
         const std::string kernel = attention_kernel(q.view(), k.view(), v.view(), options);
+        if (kernel.find("bfloat16 products") != std::string::npos) continue;  // not float32
         half_runs += kernel.find(" K/V)") != std::string::npos;
+        tile_runs += kernel.rfind("fused tiles (", 0) == 0;
         const AttentionResult half =
             scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
         const AttentionResult wide =
@@ -245,8 +248,10 @@ TEST(HalfKeysValues, RowGroupsGiveTheBitsOfTheWidenedInputs) {
       }
     }
   }
-  std::printf("%d runs read half-precision K and V in place\n", half_runs);
+  std::printf("%d runs read half-precision K and V in place, %d of them in query tiles\n",
+              half_runs, tile_runs);
   EXPECT_GT(half_runs, 0);
+  EXPECT_GT(tile_runs, 0);
 }
 
 TEST(Bf16Products, RefusedWhereTheCpuCannotRunThem) {
@@ -267,7 +272,7 @@ TEST(Bf16Products, RefusedWhereTheCpuCannotRunThem) {
   expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); },
                "capped below AVX-512");
   const Tensor qb = bf16_copy(q.view());
-  EXPECT_EQ(attention_kernel(qb.view(), qb.view(), qb.view()), "fused tiles");
+  EXPECT_EQ(attention_kernel(qb.view(), qb.view(), qb.view()), "fused tiles (bfloat16 K/V)");
 }
 
 }  // namespace

@@ -102,6 +102,8 @@ void RunAllTiles(const SdpaParams& p) {
         if constexpr (!std::is_void_v<Products>) {
           ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
                        span.begin, span.count);
+        } else if (p.half_kv()) {
+          WidenKeysAndValues(p, ws.packed, tile);
         } else if (pack && span.partial == nullptr) {
           PackKeysAndValues(p, ws.packed, tile);
         }

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "sdpa_params.hpp"
+#include "shape_policy.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -80,14 +81,13 @@ HWY_INLINE void TransposeSquare(VF* v) {
 // Lk·(E + Ev) floats (at most kMaxPackedFloats), which its tiles of that batch index read:
 // one copy per thread and batch index against one pass per query tile. Only with several
 // query tiles per batch index, and not for the chunks of a key split (few tiles).
-constexpr int64_t kMaxPackedFloats = int64_t{8} << 20;  // 32 MiB per thread
 // Queries per query tile at most (4 vectors, see query_tiles-inl.h).
 constexpr int64_t kMaxTileQueries = 4 * kLanes;
 
 bool ShouldPackKeysAndValues(const SdpaParams& p) {
   const bool interleaved = p.key_strides.row != p.head_dim || p.value_strides.row != p.value_dim;
   return interleaved && p.query_len > kMaxTileQueries &&
-         p.key_len * (p.head_dim + p.value_dim) <= kMaxPackedFloats;
+         FitsPackedFloats(p.key_len, p.head_dim, p.value_dim);
 }
 
 // One thread's contiguous copy of a batch index's K [Lk][E] and V [Lk][Ev] (allocated at the
@@ -116,6 +116,56 @@ void PackKeysAndValues(const SdpaParams& p, PackedOperands& packed, Tile& tile) 
     }
     packed.key_from = tile.key;
     packed.value_from = tile.value;
+  }
+  tile.key = key;
+  tile.value = value;
+  tile.key_stride = E;
+  tile.value_stride = Ev;
+}
+
+// Half-precision K and V in the query tiles (SdpaParams::half_kv, bfloat16 or float16 inputs
+// computed in float32): each thread widens the K [Lk][E] and V [Lk][Ev] of the batch index
+// it works on into its contiguous float32 buffer (exactly: the tiles' arithmetic and results
+// are those of float32 operands), which its tiles of that batch index read, in place of a
+// float32 copy of the whole operands made before the call. The buffer (Lk·(E + Ev) floats, at
+// most kMaxPackedFloats: the boundary sends larger ones as float32) is allocated with the
+// workspace.
+template <class Half>
+void WidenRows(DType dtype, const uint16_t* from, int64_t stride, int64_t rows, int64_t n,
+               float* to) {
+  const DF d;
+  const hn::Rebind<Half, DF> dh;
+  for (int64_t j = 0; j < rows; ++j) {
+    const uint16_t* row = from + j * stride;
+    float* out = to + j * n;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const Half*>(row + i))), d,
+                 out + i);
+    }
+    for (; i < n; ++i) out[i] = HalfToFloat(dtype, row[i]);
+  }
+}
+
+void WidenKeysAndValues(const SdpaParams& p, PackedOperands& packed, Tile& tile) {
+  const int64_t E = p.head_dim, Ev = p.value_dim;
+  float* key = packed.buffer.get();
+  float* value = key + p.key_len * E;
+  // key_from and value_from record the half-precision operands, reinterpreted.
+  const auto* key_from = reinterpret_cast<const float*>(tile.key_half);
+  const auto* value_from = reinterpret_cast<const float*>(tile.value_half);
+  if (packed.key_from != key_from || packed.value_from != value_from) {
+    if (p.half_dtype == DType::kFloat16) {
+      WidenRows<hwy::float16_t>(p.half_dtype, tile.key_half, tile.key_stride, p.key_len, E, key);
+      WidenRows<hwy::float16_t>(p.half_dtype, tile.value_half, tile.value_stride, p.key_len, Ev,
+                                value);
+    } else {
+      WidenRows<hwy::bfloat16_t>(p.half_dtype, tile.key_half, tile.key_stride, p.key_len, E, key);
+      WidenRows<hwy::bfloat16_t>(p.half_dtype, tile.value_half, tile.value_stride, p.key_len, Ev,
+                                 value);
+    }
+    packed.key_from = key_from;
+    packed.value_from = value_from;
   }
   tile.key = key;
   tile.value = value;

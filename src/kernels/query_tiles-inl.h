@@ -168,16 +168,21 @@ struct Workspace {
     if (has_pairwise_rules(p)) keep.Allocate(kKeyTile, tq);
 #if ATTEND_AMX_BF16
     if (p.bf16_products() && p.amx_tiles) {
-      bf16_ok = amx.Allocate(p.head_dim, p.value_dim, p.key_len, tq, kKeyTile);
+      operands_ok = amx.Allocate(p.head_dim, p.value_dim, p.key_len, tq, kKeyTile);
       return;
     }
 #endif
-    bf16_ok = bf16.Allocate(p, tq, kKeyTile);
+    operands_ok = bf16.Allocate(p, tq, kKeyTile);
+    if (p.half_kv() && !p.bf16_products()) {  // see WidenKeysAndValues
+      packed.buffer = hwy::AllocateAligned<float>(
+          static_cast<size_t>(std::max<int64_t>(p.key_len * (p.head_dim + p.value_dim), 1)));
+      operands_ok = operands_ok && packed.buffer;
+    }
   }
-  bool bf16_ok = true;
+  bool operands_ok = true;
   bool ok() const {
     return query_t && score_t && out_t && row_max && row_sum && alpha && visible && tile_max &&
-           visited && row_rules.ok() && keep.ok() && bf16_ok;
+           visited && row_rules.ok() && keep.ok() && operands_ok;
   }
 };
 
