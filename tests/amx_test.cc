@@ -17,6 +17,7 @@
 #include "attend/runtime.hpp"
 #include "cpu_features.hpp"
 #include "half.hpp"
+#include "shape_policy.hpp"
 
 #if defined(__x86_64__)
 #include "kernels/isa/amx_bf16.hpp"
@@ -116,6 +117,15 @@ TEST(AmxBf16, SwitchChoosesThePath) {
   set_max_simd_target("AVX2");
   EXPECT_FALSE(amx_bf16_products());
   set_max_simd_target("");
+}
+
+// The tiles' layout pads every key to 32 elements of E: the boundary bounds that copy on its
+// own, so a tiny E over very many keys stays on AVX512_BF16 rather than taking gigabytes.
+TEST(AmxBf16, TileLayoutIsBoundedOnItsOwn) {
+  const int64_t many_keys = int64_t{20} << 20;
+  EXPECT_TRUE(FitsPackedBf16(many_keys, 1, 1));
+  EXPECT_FALSE(FitsAmxTiles(many_keys, 1, 1));
+  EXPECT_TRUE(FitsAmxTiles(2048, 128, 128));
 }
 
 }  // namespace

@@ -65,8 +65,9 @@ constexpr int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to
 //                               (the A operand of S);
 //   value_t     [Ev'][Lk' + 32] Vᵀ of the span, Ev' = Ev rounded up to kTileRows, zero past
 //                               the span's keys and past Ev (the A operand of out).
-// Packed once per thread and span (the tiles of one batch index reuse it): Lk·(E' + Ev')·2
-// bytes per thread, about what the AVX512_BF16 path packs.
+// Packed once per thread and span (the tiles of one batch index reuse it): about
+// Lk·(E' + Ev')·2 bytes per thread, which the boundary bounds (FitsAmxTiles,
+// shape_policy.hpp).
 struct TileOperands {
   hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs;
   hwy::AlignedFreeUniquePtr<uint32_t[]> prob_pairs;
