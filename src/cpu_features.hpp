@@ -17,6 +17,18 @@ bool native_bf16_products();
 // AVX-512", or "" when they can.
 const char* why_no_bf16_products();
 
+// The bfloat16 products run on AMX tiles (isa/amx_bf16.hpp) now: native_bf16_products() (the
+// softmax and the packing between the products are AVX-512 code), the CPU has AMX-TILE and
+// AMX-BF16 with their register state in XCR0, Linux granted this process the tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM, asked once, at the first call), and AMX is not switched
+// off (ATTEND_AMX=0, set_amx_enabled(false)).
+bool amx_bf16_products();
+// Why not, for messages: e.g. "this CPU has no AMX-BF16"; "" when they can.
+const char* why_no_amx_bf16();
+// attend::set_amx_enabled and its reading.
+void set_amx_switch(bool on);
+bool amx_switched_on();
+
 // Whether the dispatched SIMD target widens float16 to float32 exactly, infinities and NaNs
 // included (x86 with F16C: AVX2 and above); Highway's software widening does not.
 bool exact_f16_widening();

@@ -416,6 +416,7 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
   p.half_dtype = choice.half;
   if (half_query) {
     p.query_half = q.data_as<const uint16_t>();
+    p.amx_tiles = amx_bf16_products() && FitsAmxTiles(p.key_len, p.head_dim, p.value_dim);
   } else {
     p.query = q.data_as<const float>();
   }

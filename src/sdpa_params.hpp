@@ -56,6 +56,9 @@ struct SdpaParams {
   const uint16_t* key_half = nullptr;
   const uint16_t* value_half = nullptr;
   bool bf16_products() const { return query_half != nullptr; }
+  // bfloat16 products on AMX tiles (kernels/isa/amx_bf16.hpp) rather than AVX512_BF16:
+  // chosen with them where amx_bf16_products() (cpu_features.hpp) allows.
+  bool amx_tiles = false;
   bool half_kv() const { return key_half != nullptr; }
 
   // K and V as stored (the row groups and the reference; decoding reads every cached byte

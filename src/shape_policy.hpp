@@ -96,4 +96,14 @@ inline bool FitsPackedBf16(int64_t key_len, int64_t head_dim, int64_t value_dim)
   return 4.0 * pairs <= kMaxPackedBf16Bytes;
 }
 
+// The same for the AMX tiles' layout (amx::TileOperands: K rows [Lk + 32][E'] and Vᵀ
+// [Ev'][Lk' + 32] of bfloat16, E' and Lk' rounded up to 32, Ev' to 16): beyond it, the
+// products stay on AVX512_BF16 (tiny E would otherwise pad every key to 32 elements).
+inline bool FitsAmxTiles(int64_t key_len, int64_t head_dim, int64_t value_dim) {
+  const auto up = [](int64_t n, int64_t to) { return static_cast<double>((n + to - 1) / to * to); };
+  const double halves = static_cast<double>(key_len + 32) * up(head_dim, 32) +
+                        up(value_dim, 16) * (up(key_len, 32) + 32);
+  return 2.0 * halves <= kMaxPackedBf16Bytes;
+}
+
 }  // namespace attend::detail

@@ -53,6 +53,8 @@
 #include "kernels/packing-inl.h"
 // bfloat16 products (AVX512_BF16): pair packing and register blocks;
 #include "kernels/isa/avx512_bf16-inl.h"
+// bfloat16 products on AMX tiles: the same interface;
+#include "kernels/isa/amx_bf16-inl.h"
 // the query-tile kernel;
 #include "kernels/query_tiles-inl.h"
 // the row-group kernel;
@@ -90,6 +92,15 @@ void RunAllTiles(const SdpaParams& p) {
       [&](Workspace& ws, int64_t item, KeySpan span) {
         const int64_t q0 = (item % tiles_per_batch) * tq;
         Tile tile = MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0));
+#if ATTEND_AMX_BF16
+        if constexpr (kTakesTileOperands<Products>) {
+          ws.amx.Pack(tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
+                      p.head_dim, p.value_dim, span.begin, span.count);
+          const amx::TileScope tiles;
+          TileAttention<QV, Products>(p, ws).Run(tile, span);
+          return;
+        }
+#endif
         if constexpr (!std::is_void_v<Products>) {
           ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
                        span.begin, span.count);
@@ -119,6 +130,9 @@ void RunTilesOfHeight(const SdpaParams& p) {
 
 void FusedSdpaTiles(const SdpaParams& p) {
   if (p.bf16_products()) {
+#if ATTEND_AMX_BF16
+    if (p.amx_tiles) return RunTilesOfHeight<AmxBf16>(p);
+#endif
 #if ATTEND_AVX512_BF16
     return RunTilesOfHeight<Avx512Bf16>(p);
 #else

@@ -125,6 +125,11 @@ inline void LoadQueryPairs(const SdpaParams& p, const uint16_t* query_rows, int6
     std::fill(query_pairs + i * tq + rows, query_pairs + (i + 1) * tq, 0u);
 }
 
+// Whether a products struct takes its operands in the AMX tiles' layout (amx::TileOperands,
+// ws.amx: K rows and Vᵀ zero-padded to whole tiles) rather than Bf16Operands (ws.bf16).
+template <class Products>
+constexpr bool kTakesTileOperands = requires { Products::kTileOperands; };
+
 // Per-thread scratch, allocated once per call and thread (never in the tile loops).
 struct Workspace {
   hwy::AlignedFreeUniquePtr<float[]> query_t;    // [E][Tq]   scaled, transposed queries
@@ -140,13 +145,18 @@ struct Workspace {
   KeepTile keep;                                 // [Tk][Tq]  pairwise rules' verdicts
   PackedOperands packed;                         // see PackKeysAndValues
   Bf16Operands bf16;                             // bfloat16 products only: see Bf16Operands
+#if ATTEND_AMX_BF16
+  amx::TileOperands amx;                         // the same on AMX tiles (p.amx_tiles)
+#endif
 
   explicit Workspace(const SdpaParams& p) {
     const int64_t tq = kMaxQueryVectors * kLanes;
     query_t = hwy::AllocateAligned<float>(static_cast<size_t>(p.head_dim * tq));
     score_t = hwy::AllocateAligned<float>(static_cast<size_t>(kKeyTile * tq));
-    out_t =
-        hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1) * tq));
+    // Rows up to a multiple of 16 for the AMX tiles (the rows past Ev stay zero).
+    const int64_t out_rows = (std::max<int64_t>(p.value_dim, 1) + 15) / 16 * 16;
+    out_t = hwy::AllocateAligned<float>(static_cast<size_t>(out_rows * tq));
+    if (out_t) std::fill_n(out_t.get(), out_rows * tq, 0.0f);
     row_max = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     row_sum = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     alpha = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
@@ -156,6 +166,12 @@ struct Workspace {
     visited = hwy::AllocateAligned<int64_t>(static_cast<size_t>(p.weights ? key_tiles : 1));
     row_rules.Allocate(tq);
     if (has_pairwise_rules(p)) keep.Allocate(kKeyTile, tq);
+#if ATTEND_AMX_BF16
+    if (p.bf16_products() && p.amx_tiles) {
+      operands_ok = amx.Allocate(p.head_dim, p.value_dim, p.key_len, tq, kKeyTile);
+      return;
+    }
+#endif
     operands_ok = bf16.Allocate(p, tq, kKeyTile);
     if (p.half_kv() && !p.bf16_products()) {  // see PackedOperands
       packed.buffer = hwy::AllocateAligned<float>(
@@ -226,8 +242,8 @@ HWY_INLINE void ValueBlock(const float* HWY_RESTRICT score_t, const float* value
 }
 
 // Products: void for float32 products, else the bfloat16 products struct (isa/, e.g.
-// Avx512Bf16) that runs the two products from the bfloat16 operands of the tile and of
-// ws.bf16 (packed by the caller).
+// Avx512Bf16, AmxBf16) that runs the two products from the bfloat16 operands of the tile and
+// of ws.bf16 or ws.amx (packed by the caller; AmxBf16 inside an amx::TileScope).
 template <int QV, class Products = void>
 class TileAttention {
  public:
@@ -325,8 +341,7 @@ class TileAttention {
     const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
     if constexpr (kPairs) {
       score_factor_ = factor;
-      LoadQueryPairs(p_, tile.query_half, tile.first_query, tile.rows, kTq,
-                     ws_.bf16.query_pairs.get());
+      LoadQueryPairs(p_, tile.query_half, tile.first_query, tile.rows, kTq, QueryPairs());
       return;
     }
     float* query_t = ws_.query_t.get();
@@ -401,13 +416,51 @@ class TileAttention {
     }
   }
 
-  // The same with bfloat16 products: K from the span packed in ws_.bf16, the scale applied
-  // to the float32 products.
+  // The same with bfloat16 products: K from the span packed in ws_.bf16 (ws_.amx), the scale
+  // applied to the float32 products.
   void ComputeScoresPairs(int64_t k0, int64_t keys) {
     const int64_t pairs = PairsOf(p_.head_dim);
-    const PairsA key{ws_.bf16.key + (k0 - ws_.bf16.begin) * pairs, pairs, 1};
-    Products::Product(keys, QV, pairs, key, PairsB{ws_.bf16.query_pairs.get(), kTq},
+    Products::Product(keys, QV, pairs, KeyPairs(k0), PairsB{QueryPairs(), kTq},
                       PairsC{ws_.score_t.get(), kTq, PairStart::kZero, nullptr, score_factor_});
+  }
+
+  // The bfloat16 operands: Q's pairs of the tile, P's pairs of the key tile, and K's and V's
+  // pairs from key k0 on, in ws_.amx for products that take the tiles' layout, else ws_.bf16.
+  uint32_t* QueryPairs() {
+#if ATTEND_AMX_BF16
+    if constexpr (kTakesTileOperands<Products>) return ws_.amx.query_pairs.get();
+#endif
+    return ws_.bf16.query_pairs.get();
+  }
+  uint32_t* ProbPairs() {
+#if ATTEND_AMX_BF16
+    if constexpr (kTakesTileOperands<Products>) return ws_.amx.prob_pairs.get();
+#endif
+    return ws_.bf16.prob_pairs.get();
+  }
+  // K: rows of pairs (one key a row).
+  PairsA KeyPairs(int64_t k0) const {
+#if ATTEND_AMX_BF16
+    if constexpr (kTakesTileOperands<Products>) {
+      const amx::TileOperands& op = ws_.amx;
+      return {reinterpret_cast<const uint32_t*>(op.key.get() + (k0 - op.begin) * op.depth),
+              op.depth / 2, 1};
+    }
+#endif
+    const int64_t pairs = PairsOf(p_.head_dim);
+    return {ws_.bf16.key + (k0 - ws_.bf16.begin) * pairs, pairs, 1};
+  }
+  // V: one value column a row, pairs of keys along it (Vᵀ) in the tiles' layout (k0 − begin
+  // is a multiple of 16, so the pairs stay whole); else pairs across keys, transposed.
+  PairsA ValuePairs(int64_t k0) const {
+#if ATTEND_AMX_BF16
+    if constexpr (kTakesTileOperands<Products>) {
+      const amx::TileOperands& op = ws_.amx;
+      return {reinterpret_cast<const uint32_t*>(op.value_t.get() + (k0 - op.begin)),
+              op.value_stride / 2, 1};
+    }
+#endif
+    return {ws_.bf16.value + (k0 - ws_.bf16.begin) / 2 * p_.value_dim, 1, p_.value_dim};
   }
 
   // Online-softmax step over `keys` rows of score_t: new max, alpha = 2^(m − m'),
@@ -567,14 +620,19 @@ class TileAttention {
   // The same with bfloat16 products: the probabilities rounded to pairs, V from ws_.bf16.
   void AccumulateValuesPairs(int64_t k0, int64_t keys, const float* alpha) {
     const float* score_t = ws_.score_t.get();
-    uint32_t* prob_pairs = ws_.bf16.prob_pairs.get();
+    uint32_t* prob_pairs = ProbPairs();
     for (int64_t j = 0; j < keys; j += 2) {
       Products::PairsAcrossRows(score_t + j * kTq, j + 1 < keys ? score_t + (j + 1) * kTq : nullptr,
                                 kTq, prob_pairs + j / 2 * kTq);
     }
-    const int64_t ev = p_.value_dim;
-    const PairsA value{ws_.bf16.value + (k0 - ws_.bf16.begin) / 2 * ev, 1, ev};
-    Products::Product(ev, QV, PairsOf(keys), value, PairsB{prob_pairs, kTq},
+    if constexpr (kTakesTileOperands<Products>) {
+      // Zero pairs up to a whole tile step: the keys there (zero or the span's later keys)
+      // get no weight.
+      const int64_t padded = (PairsOf(keys) + Products::kPairMultiple - 1) /
+                             Products::kPairMultiple * Products::kPairMultiple;
+      std::fill(prob_pairs + PairsOf(keys) * kTq, prob_pairs + padded * kTq, 0u);
+    }
+    Products::Product(p_.value_dim, QV, PairsOf(keys), ValuePairs(k0), PairsB{prob_pairs, kTq},
                       PairsC{ws_.out_t.get(), kTq, PairStart::kScaleColumns, alpha});
   }
 
