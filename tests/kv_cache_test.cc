@@ -28,15 +28,6 @@ namespace {
 
 constexpr int64_t kHeads = 4, kKvHeads = 2, kDim = 16, kValueDim = 8;
 
-Tensor offsets(const std::vector<int64_t>& lengths) {
-  Tensor cu(DType::kInt32, Shape({static_cast<int64_t>(lengths.size()) + 1}));
-  cu.data_as<int32_t>()[0] = 0;
-  for (size_t s = 0; s < lengths.size(); ++s) {
-    cu.data_as<int32_t>()[s + 1] = cu.data_as<int32_t>()[s] + static_cast<int32_t>(lengths[s]);
-  }
-  return cu;
-}
-
 int64_t sum(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
 }

@@ -84,15 +84,6 @@ Tensor stored_rows(const PagedKvCache& cache, int64_t id, bool value) {
   return rows;
 }
 
-Tensor offsets(const std::vector<int64_t>& lengths) {
-  Tensor cu(DType::kInt32, Shape({static_cast<int64_t>(lengths.size()) + 1}));
-  cu.data_as<int32_t>()[0] = 0;
-  for (size_t s = 0; s < lengths.size(); ++s) {
-    cu.data_as<int32_t>()[s + 1] = cu.data_as<int32_t>()[s] + static_cast<int32_t>(lengths[s]);
-  }
-  return cu;
-}
-
 // Packs rows (length_s, Hkv, dim) of each sequence into one (Σ length, Hkv, dim) tensor.
 Tensor pack(const std::vector<Tensor>& parts) {
   int64_t total = 0;

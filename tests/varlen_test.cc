@@ -25,17 +25,6 @@ struct Ragged {
   Tensor q, k, v, cu_q, cu_k;
 };
 
-Tensor offsets(const std::vector<int64_t>& lengths) {
-  Tensor cu(DType::kInt32, Shape({static_cast<int64_t>(lengths.size()) + 1}));
-  int32_t sum = 0;
-  cu.data_as<int32_t>()[0] = 0;
-  for (size_t s = 0; s < lengths.size(); ++s) {
-    sum += static_cast<int32_t>(lengths[s]);
-    cu.data_as<int32_t>()[s + 1] = sum;
-  }
-  return cu;
-}
-
 Ragged make_ragged(std::vector<int64_t> q_lens, std::vector<int64_t> k_lens, uint32_t seed) {
   Ragged r;
   r.q_lens = std::move(q_lens);
