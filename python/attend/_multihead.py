@@ -161,17 +161,36 @@ class MultiheadAttention(_Base):
         return _IncompatibleKeys([], unexpected)
 
     @classmethod
-    def from_torch(cls, module, *, seed=0):
-        """An attend copy of a torch.nn.MultiheadAttention (configuration, parameters, mode)."""
+    def from_torch(cls, module, *, seed=0, share_parameters=False):
+        """An attend copy of a torch.nn.MultiheadAttention (configuration, parameters, mode).
+
+        share_parameters=True keeps the module's own nn.Parameter objects (what
+        attend.torch.patch does): their values move into attend's memory (p.data is re-pointed
+        there), so optimizers, hooks and state_dict keys that name them keep working, and
+        `module` itself sees every later update."""
         if module.bias_k is not None or module.add_zero_attn:
             raise _attend.Error("MultiheadAttention.from_torch: add_bias_kv and add_zero_attn "
                                 "are not supported by attend")
         result = cls(module.embed_dim, module.num_heads, dropout=module.dropout,
                      bias=module.in_proj_bias is not None, kdim=module.kdim, vdim=module.vdim,
                      batch_first=module.batch_first, seed=seed)
-        result.load_state_dict(module.state_dict())
+        if share_parameters:
+            result._take_parameters(module)
+        else:
+            result.load_state_dict(module.state_dict())
         result.train(module.training)
         return result
+
+    def _take_parameters(self, module):
+        """Registers `module`'s nn.Parameters in place of this module's, in `module`'s order
+        (an optimizer's state_dict indexes parameters by position), and adopts them."""
+        own = self._parameters
+        self._parameters = collections.OrderedDict(
+            [(name, module._parameters[name]) for name in module._parameters if name in own] +
+            [(name, p) for name, p in own.items() if name not in module._parameters])
+        for name in ("weight", "bias"):
+            self.out_proj._parameters[name] = module.out_proj._parameters.get(name)
+        self._shared_parameters()
 
     @classmethod
     def from_state_dict(cls, state_dict, num_heads, **kwargs):
