@@ -5,14 +5,26 @@
     print(report)                          # what was replaced, what was left and why
     attend.torch.unpatch(model)            # the original modules again
 
+    attend.torch.install()                 # torch.nn.functional.scaled_dot_product_attention
+    attend.torch.uninstall()               #   runs attend for CPU tensors, and back
+    with attend.torch.enabled():           # the same for a block of code
+        ...
+
 patch() keeps the model's nn.Parameter objects: optimizers built before it, state_dict keys,
 named_parameters and hooks keep working. PyTorch's fused encoder path (an
 nn.TransformerEncoderLayer in eval mode reads its attention's weights and never calls it) is
 turned off for the layers whose attention attend took, so that attend runs there too.
+
+install() replaces the function in torch.nn.functional, where model code written for PyTorch 2
+looks it up at each call (Hugging Face's "sdpa" attention, nn.MultiheadAttention's own
+functional path in PyTorch 2); code that copied the function out before install() (`from
+torch.nn.functional import scaled_dot_product_attention` at import) keeps the copy. On a
+PyTorch without the function (before 2.0), install() provides it.
 """
 
-import collections
+import contextlib
 import dataclasses
+import math
 
 import torch
 
@@ -169,4 +181,133 @@ def unpatch(model):
     return restored
 
 
-__all__ = ["PatchReport", "patch", "unpatch"]
+# -- the functional route -------------------------------------------------------------------
+
+_functional = torch.nn.functional
+_MISSING = object()
+_original = _MISSING  # what torch.nn.functional held before install(); None: nothing
+_attend_sdpa = _attend.scaled_dot_product_attention
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # subclasses may dispatch elsewhere
+_routes = {"attend": 0, "original": 0}
+
+
+def sdpa_math(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False):
+    """PyTorch 2's scaled_dot_product_attention written out with torch operations (its math
+    path), for any dtype and device; what install() falls back to on a PyTorch without the
+    function. Shapes: query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev),
+    attn_mask broadcastable to (..., Hq, L, S) (bool: True takes part; float: added); returns
+    (..., Hq, L, Ev). is_causal: query i sees keys j <= i. enable_gqa: Hq a multiple of Hkv,
+    query head h reading key/value head h // (Hq / Hkv)."""
+    L, S = query.size(-2), key.size(-2)
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: attn_mask and is_causal=True were "
+                           "both given")
+    if enable_gqa and query.dim() >= 3 and key.size(-3) != query.size(-3):
+        groups = query.size(-3) // key.size(-3)
+        key = key.repeat_interleave(groups, dim=-3)
+        value = value.repeat_interleave(groups, dim=-3)
+    scores = query @ key.transpose(-2, -1) * (1 / math.sqrt(query.size(-1)) if scale is None
+                                              else scale)
+    if is_causal:
+        attn_mask = torch.ones(L, S, dtype=torch.bool, device=query.device).tril()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = torch.dropout(weights, dropout_p, True)
+    return weights @ value
+
+
+def _to_original(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, others):
+    _routes["original"] += 1
+    if _original is None or _original is _MISSING:
+        if others:
+            raise TypeError(f"scaled_dot_product_attention() got unexpected keyword arguments "
+                            f"{sorted(others)}")
+        return sdpa_math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    # Only the arguments that differ from their defaults: a PyTorch 2.0 has no scale, a 2.1
+    # to 2.4 no enable_gqa.
+    if scale is not None:
+        others["scale"] = scale
+    if enable_gqa:
+        others["enable_gqa"] = enable_gqa
+    return _original(query, key, value, attn_mask, dropout_p, is_causal, **others)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, enable_gqa=False, **others):
+    """torch.nn.functional.scaled_dot_product_attention as install() leaves it: attend for
+    CPU tensors, PyTorch 2's signature and semantics (see attend.scaled_dot_product_attention
+    for attend's reading of them); CUDA, nested and tensor-subclass inputs, keywords attend
+    does not know and calls attend refuses go to the function install() replaced (on PyTorch
+    before 2.0: sdpa_math), which then answers with its own result or error.
+
+    query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev), attn_mask
+    broadcastable to (..., Hq, L, S) -> (..., Hq, L, Ev) in the query's dtype."""
+    if not others and type(query) in _PLAIN_TENSORS and query.is_cpu and not query.is_nested:
+        try:
+            result = _attend_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                  enable_gqa)
+        except (_attend.Error, _attend.DTypeError):
+            pass
+        else:
+            _routes["attend"] += 1
+            return result
+    return _to_original(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                        others)
+
+
+def install():
+    """Makes torch.nn.functional.scaled_dot_product_attention run attend (see
+    scaled_dot_product_attention in this module); provides it on PyTorch before 2.0.
+    Installing twice is harmless."""
+    global _original
+    current = getattr(_functional, "scaled_dot_product_attention", None)
+    if current is scaled_dot_product_attention:
+        return
+    _original = current
+    _functional.scaled_dot_product_attention = scaled_dot_product_attention
+
+
+def uninstall():
+    """Puts back what install() replaced (on PyTorch before 2.0: removes the function)."""
+    global _original
+    if _original is _MISSING:
+        return
+    if _original is None:
+        if getattr(_functional, "scaled_dot_product_attention", None) is not None:
+            del _functional.scaled_dot_product_attention
+    else:
+        _functional.scaled_dot_product_attention = _original
+    _original = _MISSING
+
+
+def installed():
+    """Whether torch.nn.functional.scaled_dot_product_attention is attend's."""
+    return getattr(_functional, "scaled_dot_product_attention", None) is \
+        scaled_dot_product_attention
+
+
+@contextlib.contextmanager
+def enabled():
+    """install() for the block, then back to how it was (nests)."""
+    was = installed()
+    install()
+    try:
+        yield
+    finally:
+        if not was:
+            uninstall()
+
+
+def routes():
+    """{"attend": calls attend computed, "original": calls passed on} since the import."""
+    return dict(_routes)
+
+
+__all__ = ["PatchReport", "enabled", "install", "installed", "patch", "routes",
+           "scaled_dot_product_attention", "sdpa_math", "uninstall", "unpatch"]
