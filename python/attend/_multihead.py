@@ -20,6 +20,16 @@ except ImportError:  # NumPy only
     torch = None
 
 _Base = torch.nn.Module if torch is not None else _PlainModule
+_multihead_call = _attend.multihead_call
+
+if torch is not None:
+    # nn.Module.__call__ calls forward() alone unless a hook is registered on the module or
+    # globally (PyTorch 1.13 to 2.x: these tables) or the module was compiled (PyTorch 2).
+    # Tracing is not looked at: a tracer cannot see into attend's C call either way.
+    _GLOBAL_HOOKS = tuple(value for name, value in vars(torch.nn.modules.module).items()
+                          if name.startswith("_global_") and isinstance(value, dict) and
+                          ("forward" in name or "backward" in name))
+    _COMPILABLE = hasattr(torch.nn.Module, "compile")
 
 
 def _swap_batch(x):
@@ -89,6 +99,9 @@ class MultiheadAttention(_Base):
         self._slots = [(name, name.startswith("out_proj."), name.rpartition(".")[2],
                         view.__array_interface__["data"][0])
                        for name, view in self._views.items()]
+        # For attend._attend.multihead_call, which checks each parameter is in C++ memory.
+        self._call_slots = tuple((in_out_proj, key, address) for _, in_out_proj, key, address
+                                 in self._slots) if torch is not None else ()
         if torch is not None:
             self._register_shared_parameters()
         else:
@@ -231,6 +244,34 @@ class MultiheadAttention(_Base):
         self._cpp.save(str(path))
 
     # -- forward ----------------------------------------------------------------------------
+
+    def __call__(self, query, key, value, key_padding_mask=None, need_weights=True,
+                 attn_mask=None, average_attn_weights=True, is_causal=False):
+        """module(...) is forward(...), nn.Module.__call__ (hooks, tracing) only where one of
+        them is there: its bookkeeping is a third of a small call's cost. The common call (no
+        masks, no dropout, no gradient) is one C call (attend._attend.multihead_call)."""
+        if torch is None:
+            own = out_proj = None
+        else:
+            state = self.__dict__
+            if state["_forward_hooks"] or state["_forward_pre_hooks"] or \
+                    state["_backward_hooks"] or state.get("_backward_pre_hooks") or \
+                    any(_GLOBAL_HOOKS) or \
+                    (_COMPILABLE and state.get("_compiled_call_impl") is not None):
+                return _Base.__call__(self, query, key, value, key_padding_mask=key_padding_mask,
+                                      need_weights=need_weights, attn_mask=attn_mask,
+                                      average_attn_weights=average_attn_weights,
+                                      is_causal=is_causal)
+            own, out_proj = state["_parameters"], state["_modules"]["out_proj"]._parameters
+        if key_padding_mask is None and attn_mask is None and \
+                not (self.dropout and self.training):
+            result = _multihead_call(self._cpp, own, out_proj, self._call_slots, query, key,
+                                     value, need_weights, average_attn_weights, is_causal,
+                                     self.batch_first)
+            if result is not NotImplemented:
+                return result
+        return self.forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                            average_attn_weights, is_causal)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False):

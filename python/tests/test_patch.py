@@ -51,6 +51,8 @@ def attend_calls(monkeypatch):
                         counting(attend._attend.multihead_forward))
     monkeypatch.setattr(attend._attend, "sdpa", counting(attend._attend.sdpa))
     monkeypatch.setattr(attend._functional, "_sdpa", counting(attend._functional._sdpa))
+    monkeypatch.setattr(attend._multihead, "_multihead_call",
+                        counting(attend._multihead._multihead_call))
     return counter
 
 
