@@ -275,6 +275,10 @@ class MultiheadAttention(_Base):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False):
+        """query (L, N, E) ((N, L, E) with batch_first, (L, E) unbatched), key (S, N, kdim),
+        value (S, N, vdim) alike; key_padding_mask (N, S), attn_mask (L, S) or (N*H, L, S) with
+        PyTorch's polarity -> (output like the query with E features, weights (N, L, S)
+        averaged over heads or (N, H, L, S), or None without need_weights)."""
         batched = query.ndim == 3
         if batched and not self.batch_first:  # (L, N, E) read as (N, L, E), in place
             q = _swap_batch(query)
