@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -55,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "arguments.hpp"
 #include "attend/error.hpp"
 #include "attend/npy.hpp"
 #include "attend/runtime.hpp"
@@ -640,27 +642,28 @@ int main(int argc, char** argv) {
   attend::test::Settings settings;
   settings.seed =
       static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string option = argv[i], value = argv[i + 1];
-    if (option == "--minutes") {
-      settings.minutes = std::stod(value);
-    } else if (option == "--seed") {
-      settings.seed = std::stoull(value);
-    } else if (option == "--index") {
-      settings.index = std::stoll(value);
-    } else {
-      std::fprintf(stderr, "usage: attend_soak [--minutes M] [--seed S] [--index I]\n");
-      return 2;
+  CLI::App app("attend_soak: random problems, options and faults for a given time", "attend_soak");
+  std::string minutes_text, seed_text, index_text;
+  app.add_option("--minutes", minutes_text, "how long to run, > 0 (default 20)")
+      ->type_name("FLOAT");
+  app.add_option("--seed", seed_text, "seed of the problems (default: the clock)")
+      ->type_name("INT");
+  app.add_option("--index", index_text, "run problem INDEX of --seed only (what a failure prints)")
+      ->type_name("INT");
+  return attend::support::run_checked(app, argc, argv, [&] {
+    if (app.count("--minutes") > 0) {
+      settings.minutes = attend::support::parse_number("--minutes", minutes_text);
+      if (!(settings.minutes > 0 && settings.minutes <= 1e6)) {
+        throw attend::Error("--minutes must be in (0, 1e6], got " + minutes_text);
+      }
     }
-  }
-  if (argc % 2 == 0) {
-    std::fprintf(stderr, "usage: attend_soak [--minutes M] [--seed S] [--index I]\n");
-    return 2;
-  }
-  try {
+    if (app.count("--seed") > 0) {
+      settings.seed = attend::support::parse_integer("--seed", seed_text, 0, UINT64_MAX);
+    }
+    if (app.count("--index") > 0) {
+      settings.index =
+          static_cast<int64_t>(attend::support::parse_integer("--index", index_text, 0, INT64_MAX));
+    }
     return attend::test::run(settings);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "attend_soak: %s\n", e.what());
-    return 2;
-  }
+  });
 }
