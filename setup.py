@@ -53,6 +53,7 @@ setup(
     description="Scaled dot-product attention on the CPU for NumPy and PyTorch",
     packages=["attend"],
     package_dir={"": "python"},
+    package_data={"attend": ["*.pyi", "py.typed"]},  # type stubs of the compiled module
     ext_modules=[CMakeExtension("attend._attend")],
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "attend/error.hpp"
 #include "cpu_features.hpp"
@@ -124,6 +126,37 @@ std::string fp16_compute_path() {
 }
 
 int default_num_threads() { return std::max(1, omp_get_max_threads()); }
+
+namespace {
+std::string join(const std::vector<std::string>& names) {
+  std::string joined;
+  for (const std::string& name : names) joined += (joined.empty() ? "" : ", ") + name;
+  return joined.empty() ? "none" : joined;
+}
+}  // namespace
+
+std::string runtime_report() {
+  // Gathered first: a bad ATTEND_MAX_SIMD throws before anything is written.
+  const std::vector<std::string> compiled = compiled_simd_targets();
+  const std::vector<std::string> supported = supported_simd_targets();
+  const std::string active = active_simd_target();
+  const int threads = default_num_threads();
+  const char* cap = std::getenv("ATTEND_MAX_SIMD");
+  const PrecisionSupport cpu = precision_support();
+  const auto yes = [](bool present) { return present ? std::string("yes") : std::string("no"); };
+  std::string report = std::string("attend ") + version() + "\n" +
+                       "SIMD targets compiled:  " + join(compiled) + "\n" +
+                       "SIMD targets supported: " + join(supported) + "\n" +
+                       "SIMD target active:     " + active;
+  if (cap != nullptr && *cap != '\0') report += std::string(" (capped by ATTEND_MAX_SIMD=") + cap + ")";
+  report += "\ndefault threads:        " + std::to_string(threads) + "\n" +
+            "reduced precision:      AVX512_BF16 " + yes(cpu.avx512_bf16) + ", AVX512_FP16 " +
+            yes(cpu.avx512_fp16) + ", AMX tiles " + yes(cpu.amx_tile) + " (AMX-BF16 " +
+            yes(cpu.amx_bf16) + ", AMX-FP16 " + yes(cpu.amx_fp16) + ")\n" +
+            "bfloat16 inputs:        " + bf16_compute_path() + "\n" +
+            "float16 inputs:         " + fp16_compute_path() + "\n";
+  return report;
+}
 
 namespace detail {
 int64_t dispatch_targets() { return dispatch_state().allowed.load(std::memory_order_relaxed); }

@@ -50,4 +50,9 @@ std::string fp16_compute_path();
 // Threads a call with num_threads == 0 uses.
 int default_num_threads();
 
+// All of the above as the lines `attend info` prints (and Python's `python3 -m attend info`):
+// version, SIMD targets compiled, supported and active (with the ATTEND_MAX_SIMD cap), default
+// threads, reduced-precision instructions and the products bfloat16 and float16 inputs get.
+std::string runtime_report();
+
 }  // namespace attend

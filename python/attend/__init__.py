@@ -53,4 +53,7 @@ def __getattr__(name):
         from ._multihead import MultiheadAttention
         globals()[name] = MultiheadAttention
         return MultiheadAttention
+    if name == "torch":  # attend.torch: patch(), install() (imports torch)
+        import importlib
+        return importlib.import_module(".torch", __name__)
     raise AttributeError(f"module 'attend' has no attribute {name!r}")

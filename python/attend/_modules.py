@@ -108,6 +108,7 @@ class SpatialSelfAttention(_ParameterModule):
         self.channels = channels
 
     def forward(self, x, num_threads=None):
+        """x (N, C, H, W), any strides -> float32 (N, C, H, W) of x's kind."""
         self._check_input(x)
         return self._cpp.forward(x, num_threads or 0)
 
@@ -130,6 +131,7 @@ class PatchEmbedding(_ParameterModule):
         self._views = self._cpp.parameters()
 
     def forward(self, x, num_threads=None):
+        """x (N, C, H, W) -> float32 tokens (N, [1 +] P, D) of x's kind."""
         self._check_input(x)
         return self._cpp.forward(x, num_threads or 0)
 
@@ -144,6 +146,7 @@ class PositionEmbedding(_ParameterModule):
         self.weight = self._views["weight"]
 
     def forward(self, length, offset=0):
+        """Rows [offset, offset + length) of the table: a float32 NumPy array (length, dim)."""
         return self._cpp.forward(length, offset)
 
 
@@ -157,6 +160,7 @@ class TokenEmbedding(_ParameterModule):
         self.weight = self._views["weight"]
 
     def forward(self, ids):
+        """Integer ids (..., L) -> float32 (..., L, dim) of the ids' kind."""
         return self._cpp.forward(ids)
 
 

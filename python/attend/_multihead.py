@@ -20,6 +20,16 @@ except ImportError:  # NumPy only
     torch = None
 
 _Base = torch.nn.Module if torch is not None else _PlainModule
+_multihead_call = _attend.multihead_call
+
+if torch is not None:
+    # nn.Module.__call__ calls forward() alone unless a hook is registered on the module or
+    # globally (PyTorch 1.13 to 2.x: these tables) or the module was compiled (PyTorch 2).
+    # Tracing is not looked at: a tracer cannot see into attend's C call either way.
+    _GLOBAL_HOOKS = tuple(value for name, value in vars(torch.nn.modules.module).items()
+                          if name.startswith("_global_") and isinstance(value, dict) and
+                          ("forward" in name or "backward" in name))
+    _COMPILABLE = hasattr(torch.nn.Module, "compile")
 
 
 def _swap_batch(x):
@@ -89,6 +99,9 @@ class MultiheadAttention(_Base):
         self._slots = [(name, name.startswith("out_proj."), name.rpartition(".")[2],
                         view.__array_interface__["data"][0])
                        for name, view in self._views.items()]
+        # For attend._attend.multihead_call, which checks each parameter is in C++ memory.
+        self._call_slots = tuple((in_out_proj, key, address) for _, in_out_proj, key, address
+                                 in self._slots) if torch is not None else ()
         if torch is not None:
             self._register_shared_parameters()
         else:
@@ -161,17 +174,36 @@ class MultiheadAttention(_Base):
         return _IncompatibleKeys([], unexpected)
 
     @classmethod
-    def from_torch(cls, module, *, seed=0):
-        """An attend copy of a torch.nn.MultiheadAttention (configuration, parameters, mode)."""
+    def from_torch(cls, module, *, seed=0, share_parameters=False):
+        """An attend copy of a torch.nn.MultiheadAttention (configuration, parameters, mode).
+
+        share_parameters=True keeps the module's own nn.Parameter objects (what
+        attend.torch.patch does): their values move into attend's memory (p.data is re-pointed
+        there), so optimizers, hooks and state_dict keys that name them keep working, and
+        `module` itself sees every later update."""
         if module.bias_k is not None or module.add_zero_attn:
             raise _attend.Error("MultiheadAttention.from_torch: add_bias_kv and add_zero_attn "
                                 "are not supported by attend")
         result = cls(module.embed_dim, module.num_heads, dropout=module.dropout,
                      bias=module.in_proj_bias is not None, kdim=module.kdim, vdim=module.vdim,
                      batch_first=module.batch_first, seed=seed)
-        result.load_state_dict(module.state_dict())
+        if share_parameters:
+            result._take_parameters(module)
+        else:
+            result.load_state_dict(module.state_dict())
         result.train(module.training)
         return result
+
+    def _take_parameters(self, module):
+        """Registers `module`'s nn.Parameters in place of this module's, in `module`'s order
+        (an optimizer's state_dict indexes parameters by position), and adopts them."""
+        own = self._parameters
+        self._parameters = collections.OrderedDict(
+            [(name, module._parameters[name]) for name in module._parameters if name in own] +
+            [(name, p) for name, p in own.items() if name not in module._parameters])
+        for name in ("weight", "bias"):
+            self.out_proj._parameters[name] = module.out_proj._parameters.get(name)
+        self._shared_parameters()
 
     @classmethod
     def from_state_dict(cls, state_dict, num_heads, **kwargs):
@@ -213,8 +245,40 @@ class MultiheadAttention(_Base):
 
     # -- forward ----------------------------------------------------------------------------
 
+    def __call__(self, query, key, value, key_padding_mask=None, need_weights=True,
+                 attn_mask=None, average_attn_weights=True, is_causal=False):
+        """module(...) is forward(...), nn.Module.__call__ (hooks, tracing) only where one of
+        them is there: its bookkeeping is a third of a small call's cost. The common call (no
+        masks, no dropout, no gradient) is one C call (attend._attend.multihead_call)."""
+        if torch is None:
+            own = out_proj = None
+        else:
+            state = self.__dict__
+            if state["_forward_hooks"] or state["_forward_pre_hooks"] or \
+                    state["_backward_hooks"] or state.get("_backward_pre_hooks") or \
+                    any(_GLOBAL_HOOKS) or \
+                    (_COMPILABLE and state.get("_compiled_call_impl") is not None):
+                return _Base.__call__(self, query, key, value, key_padding_mask=key_padding_mask,
+                                      need_weights=need_weights, attn_mask=attn_mask,
+                                      average_attn_weights=average_attn_weights,
+                                      is_causal=is_causal)
+            own, out_proj = state["_parameters"], state["_modules"]["out_proj"]._parameters
+        if key_padding_mask is None and attn_mask is None and \
+                not (self.dropout and self.training):
+            result = _multihead_call(self._cpp, own, out_proj, self._call_slots, query, key,
+                                     value, need_weights, average_attn_weights, is_causal,
+                                     self.batch_first)
+            if result is not NotImplemented:
+                return result
+        return self.forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                            average_attn_weights, is_causal)
+
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False):
+        """query (L, N, E) ((N, L, E) with batch_first, (L, E) unbatched), key (S, N, kdim),
+        value (S, N, vdim) alike; key_padding_mask (N, S), attn_mask (L, S) or (N*H, L, S) with
+        PyTorch's polarity -> (output like the query with E features, weights (N, L, S)
+        averaged over heads or (N, H, L, S), or None without need_weights)."""
         batched = query.ndim == 3
         if batched and not self.batch_first:  # (L, N, E) read as (N, L, E), in place
             q = _swap_batch(query)

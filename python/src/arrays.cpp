@@ -440,9 +440,14 @@ std::optional<Borrowed> borrow_optional(py::handle object, const char* name) {
   return borrow(object, name);
 }
 
-py::object to_python(attend::Tensor&& tensor, Kind kind, const std::optional<Shape>& shape) {
-  const Shape result_shape = shape ? *shape : tensor.shape();
-  const Shape strides = attend::contiguous_strides(result_shape);
+py::object to_python(attend::Tensor&& tensor, Kind kind, const std::optional<Shape>& shape,
+                     bool swap_leading_axes) {
+  Shape result_shape = shape ? *shape : tensor.shape();
+  Shape strides = attend::contiguous_strides(result_shape);
+  if (swap_leading_axes && result_shape.rank() >= 2) {
+    std::swap(result_shape[0], result_shape[1]);
+    std::swap(strides[0], strides[1]);
+  }
   if (kind == Kind::kNumpy) {
     const DType dtype = tensor.dtype();
     const size_t itemsize = attend::dtype_size(dtype);
@@ -502,6 +507,16 @@ bool requires_grad(py::handle tensor) {
   const TorchApi& torch = *torch_api();
   return tensor_attribute(tensor, torch, torch.requires_grad, torch.base_requires_grad).ptr() ==
          Py_True;
+}
+
+bool is_torch_tensor(py::handle object) {
+  const TorchApi* torch = torch_api();
+  return torch != nullptr && PyObject_TypeCheck(object.ptr(), torch->tensor_type);
+}
+
+const void* torch_data_ptr(py::handle tensor) {
+  const TorchApi& torch = *torch_api();
+  return PyLong_AsVoidPtr(tensor_method(tensor, torch, torch.data_ptr, torch.base_data_ptr).ptr());
 }
 
 bool torch_grad_enabled() {

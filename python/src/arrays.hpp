@@ -65,14 +65,21 @@ std::optional<Borrowed> borrow_optional(py::handle object, const char* name);
 
 // `tensor` as a Python array of `kind`, owning its memory. `shape`, when given, replaces the
 // tensor's (same element count; the tensor is contiguous, so this is a reshape).
+// `swap_leading_axes`: the result is the view with axes 0 and 1 exchanged (strides swapped, no
+// copy), as a (N, L, E) result read as (L, N, E).
 py::object to_python(attend::Tensor&& tensor, Kind kind,
-                     const std::optional<attend::Shape>& shape = std::nullopt);
+                     const std::optional<attend::Shape>& shape = std::nullopt,
+                     bool swap_leading_axes = false);
 // An empty tensor gives None.
 py::object to_python_or_none(attend::Tensor&& tensor, Kind kind,
                              const std::optional<attend::Shape>& shape = std::nullopt);
 
 // torch: tensor.requires_grad, and torch.is_grad_enabled() (torch must be loaded).
 bool requires_grad(py::handle tensor);
+// Whether `object` is a torch tensor (false while torch is not loaded).
+bool is_torch_tensor(py::handle object);
+// tensor.data_ptr() (a torch tensor).
+const void* torch_data_ptr(py::handle tensor);
 bool torch_grad_enabled();
 
 // A view of memory owned by `owner` (a parameter of a module) as a writable NumPy array that

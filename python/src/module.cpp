@@ -175,9 +175,13 @@ PYBIND11_MODULE(_attend, m) {
   using namespace attend_python;
   m.doc() = "attend's C++ library; use the attend package, not this module";
 
-  g_error = PyErr_NewException("attend.Error", PyExc_ValueError, nullptr);
+  g_error = PyErr_NewExceptionWithDoc(
+      "attend.Error", "attend's errors (a ValueError), with the C++ library's message.",
+      PyExc_ValueError, nullptr);
   const py::tuple dtype_bases = py::make_tuple(py::handle(g_error), py::handle(PyExc_TypeError));
-  g_dtype_error = PyErr_NewException("attend.DTypeError", dtype_bases.ptr(), nullptr);
+  g_dtype_error = PyErr_NewExceptionWithDoc(
+      "attend.DTypeError", "A wrong dtype or argument type: an attend.Error and a TypeError.",
+      dtype_bases.ptr(), nullptr);
   m.attr("Error") = py::handle(g_error);
   m.attr("DTypeError") = py::handle(g_dtype_error);
   // attend::Error keeps its message (set_python_error).
@@ -196,6 +200,9 @@ PYBIND11_MODULE(_attend, m) {
   m.def("set_max_simd_target", &attend::set_max_simd_target);
   m.def("bf16_compute_path", &attend::bf16_compute_path);
   m.def("fp16_compute_path", &attend::fp16_compute_path);
+  m.def("runtime_report", &attend::runtime_report,
+        "runtime_report() -> str: what `attend info` prints (version, SIMD targets, threads, "
+        "reduced-precision paths)");
   m.def("set_num_threads", &set_num_threads);
   m.def("get_num_threads", [] { return resolve_num_threads(0); });
   // How attend sees an array: (address, shape, strides in elements, dtype, "numpy" or

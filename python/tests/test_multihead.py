@@ -292,3 +292,26 @@ def test_a_grid_of_options_runs(generator):
         assert (weights is None) == (expected_weights is None)
         if weights is not None:
             assert weights.shape == expected_weights.shape
+
+
+def test_the_common_call_sees_replaced_memory_and_hooks(generator):
+    """The common call (no masks, no gradient) is one C call that checks each parameter is the
+    C++ memory; a parameter whose .data was re-pointed goes through forward(), which adopts
+    it. Hooks, global ones included, run through nn.Module.__call__."""
+    module = torch_module(generator, batch_first=False)
+    ours = attend.MultiheadAttention.from_torch(module)
+    x = torch.rand(3, 2, E, generator=generator)  # (L, N, E)
+    with torch.no_grad():
+        assert_close(ours(x, x, x)[0], expected_forward(module, x, x, x)[0], 2e-5, "(L, N, E)")
+        ours.in_proj_weight.data = torch.full_like(ours.in_proj_weight, 0.01)
+        module.in_proj_weight.data = torch.full_like(module.in_proj_weight, 0.01)
+        assert_close(ours(x, x, x, need_weights=False)[0], expected_forward(module, x, x, x)[0],
+                     2e-5, "re-pointed .data")
+        seen = []
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: seen.append(type(m).__name__))
+        try:
+            ours(x, x, x)
+        finally:
+            handle.remove()
+        assert seen == ["MultiheadAttention"]

@@ -1,0 +1,197 @@
+"""Type stubs for attend._attend, the compiled module (python/src). Arrays are NumPy arrays,
+torch tensors or objects with __dlpack__ (`Array`), read in place; results come back as the
+query's kind. python/tests/test_packaging.py checks these names against the module."""
+
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+Array = Any  # numpy.ndarray | torch.Tensor | an object with __dlpack__
+
+
+class Error(ValueError):
+    """attend's errors, with the library's message."""
+
+
+class DTypeError(Error, TypeError):
+    """A wrong dtype or argument type."""
+
+
+FLAG_CAUSAL: int
+FLAG_TOP_LEFT: int
+FLAG_NEED_WEIGHTS: int
+FLAG_NEED_LOGSUMEXP: int
+FLAG_ZERO_MASKED_ROWS: int
+FLAG_GROUPED_QUERY: int
+FLAG_BACKEND_FUSED: int
+FLAG_BACKEND_REFERENCE: int
+FLAG_UNLESS_GRAD_NEEDED: int
+FLAG_COMPUTE_FLOAT32: int
+FLAG_COMPUTE_BFLOAT16: int
+
+
+# -- the machine and the build ------------------------------------------------------------
+
+def version() -> str: ...
+def compiled_simd_targets() -> List[str]: ...
+def supported_simd_targets() -> List[str]: ...
+def active_simd_target() -> str: ...
+def set_max_simd_target(name: str) -> None: ...
+def bf16_compute_path() -> str: ...
+def fp16_compute_path() -> str: ...
+def runtime_report() -> str: ...
+def set_num_threads(num_threads: int) -> None: ...
+def get_num_threads() -> int: ...
+
+
+# -- attention ------------------------------------------------------------------------------
+
+def scaled_dot_product_attention(
+        query: Array, key: Array, value: Array, attn_mask: Optional[Array] = None,
+        dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+        enable_gqa: bool = False, *, return_weights: bool = False, seed: Optional[int] = None,
+        causal_alignment: str = "top_left", window: Optional[Tuple[Optional[int],
+                                                                    Optional[int]]] = None,
+        alibi: Union[None, bool, Array] = None, softcap: Optional[float] = None,
+        sinks: Optional[Array] = None, segment_ids: Union[None, Array, Tuple[Array, Array]] = None,
+        prefix: int = 0, fully_masked_rows: str = "uniform", num_threads: Optional[int] = None,
+        out: Optional[Array] = None, backend: str = "auto", compute_dtype: str = "auto",
+) -> Union[Array, Tuple[Array, Array]]:
+    """query (..., Hq, Lq, E), key (..., Hkv, Lk, E), value (..., Hkv, Lk, Ev) -> output
+    (..., Hq, Lq, Ev) (and float32 weights (..., Hq, Lq, Lk) with return_weights)."""
+
+
+def sdpa(query: Array, key: Array, value: Array, mask: Optional[Array], bias: Optional[Array],
+         rules: Optional[tuple], scale: Optional[float], dropout: float, seed: int, flags: int,
+         num_threads: int, out: Optional[Array]) -> Any:
+    """The call under scaled_dot_product_attention: output, or (output, weights or None,
+    logsumexp or None) with FLAG_NEED_WEIGHTS / FLAG_NEED_LOGSUMEXP, or NotImplemented with
+    FLAG_UNLESS_GRAD_NEEDED when a torch input requires grad."""
+
+
+def sdpa_backward(grad_output: Array, query: Array, key: Array, value: Array, output: Array,
+                  logsumexp: Array, mask: Optional[Array], bias: Optional[Array],
+                  rules: Optional[tuple], scale: Optional[float], dropout: float, seed: int,
+                  flags: int, num_threads: int, want_bias: bool, want_sinks: bool
+                  ) -> Tuple[Array, Array, Array, Optional[Array], Optional[Array]]:
+    """(d_query, d_key, d_value, d_bias or None, d_sinks or None), shapes of the inputs."""
+
+
+def split_attn_mask(attn_mask: Array, is_causal: bool) -> Tuple[Optional[Array],
+                                                                 Optional[Array]]:
+    """PyTorch's attn_mask as attend's (mask, bias): bool -> (mask, None), float -> (None,
+    mask)."""
+
+
+def set_entry_doc(doc: str) -> None: ...
+
+
+# -- modules --------------------------------------------------------------------------------
+
+class MultiHeadTape:
+    """What multihead_forward keeps for MultiHeadAttention.backward; opaque."""
+
+
+class MultiHeadAttention:
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True, kdim: int = 0,
+                 vdim: int = 0, seed: int = 0) -> None: ...
+    @property
+    def embed_dim(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def kdim(self) -> int: ...
+    @property
+    def vdim(self) -> int: ...
+    @property
+    def has_bias(self) -> bool: ...
+    @property
+    def packed_in_projection(self) -> bool: ...
+    def parameters(self) -> Dict[str, Any]:
+        """state_dict name -> writable NumPy view of the C++ memory."""
+    def load_state_dict(self, state: Dict[str, Array]) -> None: ...
+    def load(self, path: str) -> None: ...
+    def save(self, path: str) -> None: ...
+    def backward(self, grad_output: Array, query: Array, key: Array, value: Array,
+                 tape: MultiHeadTape, key_padding_mask: Optional[Array],
+                 attn_mask: Optional[Array], causal: bool, dropout: float, seed: int,
+                 num_threads: int) -> Tuple[Array, Optional[Array], Optional[Array],
+                                            Dict[str, Array]]:
+        """(d_query (N, L, E), d_key or None, d_value or None, {name: d_parameter})."""
+
+
+def multihead_forward(module: MultiHeadAttention, query: Array, key: Array, value: Array,
+                      key_padding_mask: Optional[Array], attn_mask: Optional[Array],
+                      causal: bool, need_weights: bool, average: bool, dropout: float,
+                      seed: int, num_threads: int, want_tape: bool
+                      ) -> Tuple[Array, Optional[Array], Optional[MultiHeadTape]]:
+    """query (N, L, E) or (L, E), key (N, S, kdim), value (N, S, vdim); masks nonzero keeps:
+    key_padding_mask (N, S), attn_mask (L, S) or (N*H, L, S) -> (output (N, L, E), weights
+    (N, L, S) averaged or (N, H, L, S), or None; tape)."""
+
+
+def multihead_call(module: MultiHeadAttention, parameters: Optional[dict],
+                   out_proj_parameters: Optional[dict], slots: tuple, query: Array, key: Array,
+                   value: Array, need_weights: bool, average: bool, is_causal: bool,
+                   batch_first: bool) -> Any:
+    """attend.MultiheadAttention's common call (no masks, no dropout, no gradient): (output,
+    weights or None) in nn.MultiheadAttention's layout, or NotImplemented."""
+
+
+class SpatialSelfAttention:
+    def __init__(self, channels: int, num_heads: int, groups: int, eps: float,
+                 seed: int) -> None: ...
+    @property
+    def channels(self) -> int: ...
+    def parameters(self) -> Dict[str, Any]: ...
+    def forward(self, x: Array, num_threads: int) -> Array:
+        """x (N, C, H, W) -> (N, C, H, W)."""
+
+
+class PatchEmbedding:
+    def __init__(self, in_channels: int, patch_size: int, embed_dim: int, class_token: bool,
+                 position_embeddings: bool, image_height: int, image_width: int,
+                 seed: int) -> None: ...
+    def parameters(self) -> Dict[str, Any]: ...
+    def forward(self, x: Array, num_threads: int) -> Array:
+        """x (N, C, H, W) -> (N, [1 +] P, D)."""
+
+
+class PositionEmbedding:
+    def __init__(self, max_length: int, dim: int, seed: int) -> None: ...
+    def parameters(self) -> Dict[str, Any]: ...
+    def forward(self, length: int, offset: int) -> Any:
+        """-> (length, dim) rows [offset, offset + length)."""
+
+
+class TokenEmbedding:
+    def __init__(self, vocab_size: int, dim: int, seed: int) -> None: ...
+    def parameters(self) -> Dict[str, Any]: ...
+    def forward(self, ids: Array) -> Array:
+        """ids (..., L) integers -> (..., L, dim) float32."""
+
+
+def sinusoidal_positional_encoding(length: int, dim: int, offset: int) -> Any:
+    """-> float32 (length, dim)."""
+
+
+def add_positional_encoding(x: Array, encoding: Array) -> None:
+    """x (N, L, d) or (L, d) += encoding (L, d), in place."""
+
+
+def load_safetensors(path: str) -> Tuple[Dict[str, Any], Dict[str, str]]: ...
+def save_safetensors(path: str, tensors: Dict[str, Array], metadata: Dict[str, str]) -> None: ...
+
+
+# -- benchmarks and tests -------------------------------------------------------------------
+
+def view_of(array: Array, writable: bool) -> tuple:
+    """(address, shape, strides, ...) of the view attend reads."""
+
+
+def cpp_sdpa_seconds(query: Array, key: Array, value: Array, out: Optional[Array],
+                     causal: bool, calls: int, num_threads: int,
+                     thread_cpu_time: bool) -> float: ...
+def cpp_sdpa_forward_backward_seconds(query: Array, key: Array, value: Array,
+                                      grad_output: Array, causal: bool, calls: int,
+                                      num_threads: int) -> float: ...
+def cpp_multihead_seconds(module: MultiHeadAttention, x: Array, calls: int, num_threads: int,
+                          thread_cpu_time: bool) -> float: ...
