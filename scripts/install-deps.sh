@@ -7,7 +7,8 @@ packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmar
           # attend_mpi (context parallelism) and its tests under mpirun
           libopenmpi-dev openmpi-bin
           # the Python package (python/) and its tests
-          python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch python3-pytest)
+          python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch python3-pytest
+          python3-hypothesis)
 packages+=("$@")
 missing=()
 # A name without an architecture is ambiguous to dpkg once the arm64 one is installed too

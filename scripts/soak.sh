@@ -4,7 +4,8 @@
 # reduced-precision paths included (see the comment at its top); then the cache storm
 # (tests/kv_cache_storm_test.cc) for STORM_SECONDS per cache dtype, and ring attention under
 # mpirun with 2 ranks (tests/ring_test.cc against the listing, tests/ring_fault_test.cc with
-# every fault on every rank) RING_RUNS times. Prints every mismatch with the command that
+# every fault on every rank) RING_RUNS times, and the Python property tests with Hypothesis'
+# soak profile (python/tests/test_properties.py). Prints every mismatch with the command that
 # reproduces it, and the counts at the end.
 #
 #   scripts/soak.sh [MINUTES] [SEED]       (STORM_SECONDS=60, RING_RUNS=10 by default)
@@ -36,5 +37,11 @@ if cmake --build build --target ring_test ring_fault_test 2>/dev/null; then
   echo "ring under mpirun -n 2: $passed of $ring_runs runs passed (ring_test and ring_fault_test --all-ranks)"
 else
   echo "ring under mpirun: skipped (no MPI: attend_mpi is not built)"
+fi
+if [ -d build/python/attend ]; then
+  cmake --build build --target attend_python
+  (cd build/python && ATTEND_HYPOTHESIS_PROFILE=soak PYTHONPATH=$PWD /usr/bin/python3 -m pytest -q \
+    -p no:cacheprovider --hypothesis-show-statistics ../../python/tests/test_properties.py) ||
+    status=1
 fi
 exit $status
