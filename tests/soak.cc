@@ -24,9 +24,9 @@
 //                        thread-count invariance only.
 //   allocation (1 in 10) A fused forward or backward while every allocation of at least a
 //                        random size (64 KiB and up) fails (malloc and aligned_alloc of this
-//                        program are replaced below): it must succeed (nothing that large was
-//                        needed) or throw attend::Error "out of memory", and a run after it,
-//                        without the fault, must succeed.
+//                        program are replaced: allocation_fault.hpp): it must succeed (nothing that
+//                        large was needed) or throw attend::Error "out of memory", and a run after
+//                        it, without the fault, must succeed.
 //   overlap (1 in 10)    An output (forward: output or weights; backward: a gradient) placed
 //                        over an input at a random offset: attend::Error "overlaps", and no
 //                        byte of the buffer holding them changed.
@@ -72,6 +72,7 @@
 #include <string>
 #include <vector>
 
+#include "allocation_fault.hpp"
 #include "attend/error.hpp"
 #include "attend/kv_cache.hpp"
 #include "attend/npy.hpp"
@@ -88,44 +89,8 @@
 #include "sdpa_cases.hpp"
 #include "test_support.hpp"
 
-// ---------------------------------------------------------------------------------------------
-// Allocation faults: this program's malloc and aligned_alloc (which the library's Tensor, its
-// work buffers through Highway, and operator new all reach) fail for sizes at or above
-// g_fail_from while it is armed. Small allocations (libgomp's, error messages) still succeed.
-
-extern "C" void* __libc_malloc(size_t size);
-extern "C" void* __libc_memalign(size_t alignment, size_t size);
-
-namespace {
-std::atomic<size_t> g_fail_from{SIZE_MAX};
-std::atomic<int64_t> g_failed_allocations{0};
-
-bool injected_failure(size_t size) {
-  if (size < g_fail_from.load(std::memory_order_relaxed)) return false;
-  g_failed_allocations.fetch_add(1, std::memory_order_relaxed);
-  errno = ENOMEM;
-  return true;
-}
-}  // namespace
-
-extern "C" void* malloc(size_t size) noexcept {
-  return injected_failure(size) ? nullptr : __libc_malloc(size);
-}
-extern "C" void* aligned_alloc(size_t alignment, size_t size) noexcept {
-  return injected_failure(size) ? nullptr : __libc_memalign(alignment, size);
-}
-
 namespace attend::test {
 namespace {
-
-// Fails every allocation of at least `bytes` while alive.
-class AllocationFault {
- public:
-  explicit AllocationFault(size_t bytes) { g_fail_from = bytes; }
-  ~AllocationFault() { g_fail_from = SIZE_MAX; }
-  AllocationFault(const AllocationFault&) = delete;
-  AllocationFault& operator=(const AllocationFault&) = delete;
-};
 
 using Random = std::mt19937_64;
 
