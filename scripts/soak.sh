@@ -4,7 +4,7 @@
 # reduced-precision paths included (see the comment at its top); then the cache storm
 # (tests/kv_cache_storm_test.cc) for STORM_SECONDS per cache dtype, and ring attention under
 # mpirun with 2 ranks (tests/ring_test.cc against the listing, tests/ring_fault_test.cc with
-# every fault on every rank) RING_RUNS times, and the Python property tests with Hypothesis'
+# every fault on every rank) RING_RUNS times, and the Python property tests with Hypothesis's
 # soak profile (python/tests/test_properties.py). Prints every mismatch with the command that
 # reproduces it, and the counts at the end.
 #
