@@ -190,7 +190,7 @@ void Communicator::fault_point() const {
     std::_Exit(3);
   }
   if (f.kind == "stall") {
-    std::this_thread::sleep_for(std::chrono::duration<double>(1.5 * std::min(timeout_, 1e6)));
+    std::this_thread::sleep_for(std::chrono::duration<double>(4 * std::min(timeout_, 1e6)));
     throw Error(what + ", after a stall");
   }
   throw Error("ATTEND_FAULT: unknown kind '" + f.kind + "' (throw, std, alloc, exit, stall)");

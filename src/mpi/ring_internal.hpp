@@ -63,7 +63,8 @@ class Communicator {
   // Test-only fault injection: the n-th call of fault_point() in this call (n from 0) on the
   // rank named by ATTEND_FAULT=rank:n:kind acts, kind one of: throw (attend::Error), std
   // (std::runtime_error), alloc (an allocation that fails), exit (the process ends, code 3,
-  // without MPI_Finalize), stall (sleeps 1.5 timeouts, then throws). Inert when unset.
+  // without MPI_Finalize), stall (sleeps 4 timeouts, then throws: the others must time out first).
+  // Inert when unset.
   void fault_point() const;
 
   // This rank failed with `message`: tells every other rank (a notice each waits for) and
