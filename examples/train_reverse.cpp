@@ -12,18 +12,24 @@
 // Run: ./build/examples/train_reverse [curves.svg]
 #include "train_reverse.hpp"
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <string>
 
+#include "arguments.hpp"
 #include "attend/attend.hpp"
 #include "staged_text_file.hpp"
 #include "training_curves.hpp"
 
 int main(int argc, char** argv) {
-  try {
-    const std::string svg_path = argc > 1 ? argv[1] : "train_reverse.svg";
+  CLI::App app("train_reverse: trains a small attention model to reverse token sequences",
+               "train_reverse");
+  std::string svg_path = "train_reverse.svg";
+  app.add_option("SVG", svg_path, "where to write the curves (default train_reverse.svg)")
+      ->type_name("FILE");
+  return attend::support::run_checked(app, argc, argv, [&] {
     attend::examples::ReverseTaskSettings settings;  // V = 10, L = 8, E = 32, 4 heads, 1 layer
     settings.seed = 1;
 
@@ -44,8 +50,5 @@ int main(int argc, char** argv) {
         .commit();
     std::printf("Wrote %s\n", svg_path.c_str());
     return history.solved_at_step > 0 ? 0 : 1;
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "error: %s\n", error.what());
-    return 1;
-  }
+  });
 }

@@ -60,7 +60,7 @@ const std::set<std::string> kSubcommands = {"bench", "demo", "info", "mha", "sdp
 
 bool is_file_option(std::string_view name) {
   for (std::string_view option :
-       {"--query", "--key", "--value", "--mask", "--bias", "--out", "--weights", "--grad-out",
+       {"--query", "--key", "--value", "--mask", "--bias", "--out", "--out-weights", "--grad-out",
         "--grad-query", "--grad-key", "--grad-value", "--grad-bias"}) {
     if (name == option) return true;
   }

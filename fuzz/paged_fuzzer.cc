@@ -5,7 +5,9 @@
 // else (a crash, a sanitizer report, another exception, a hang) is a finding.
 //
 // Input: byte 0 batch B (1 + b % 4), byte 1 block size (1 + b % 8), byte 2 blocks (1 + b % 16),
-// byte 3 flags (bit 0 causal, bit 1 window, bit 2 kv_heads 1 instead of 2, bit 3 prefix 1),
+// byte 3 flags (bit 0 causal, bit 1 window, bit 2 kv_heads 1 instead of 2, bit 3 prefix 1,
+// bits 4-6 the cache's format: float32, float16, bfloat16, int8, float8_e4m3, float8_e5m2;
+// bit 7 the raw call's blocks in bfloat16),
 // then int32 little-endian words, as many as there are: cu_seqlens_q (B + 1), seq_lens (B),
 // block tables (B × 4), then cu_seqlens_k (B + 1) for the ragged call. Missing words are 0.
 #include <cstddef>
@@ -72,8 +74,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const attend::Tensor query =
       attend::Tensor::zeros(attend::DType::kFloat32, attend::Shape({total_q, kHeads, kDim}));
   attend::Tensor output(attend::DType::kFloat32, attend::Shape({total_q, kHeads, kDim}));
-  const attend::Tensor key_blocks = attend::Tensor::zeros(
-      attend::DType::kFloat32, attend::Shape({blocks, block_size, kv_heads, kDim}));
+  const attend::Tensor key_blocks =
+      attend::Tensor::zeros((flags & 128) ? attend::DType::kBFloat16 : attend::DType::kFloat32,
+                            attend::Shape({blocks, block_size, kv_heads, kDim}));
   try {
     attend::paged_attention_into(query.view(), cu_q.view(), key_blocks.view(), key_blocks.view(),
                                  tables.view(), lens.view(), output.view(), options);
@@ -99,6 +102,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     config.block_size = block_size;
     config.kv_heads = kv_heads;
     config.head_dim = kDim;
+    constexpr attend::DType kFormats[] = {attend::DType::kFloat32,    attend::DType::kFloat16,
+                                          attend::DType::kBFloat16,   attend::DType::kInt8,
+                                          attend::DType::kFloat8E4M3, attend::DType::kFloat8E5M2};
+    config.dtype = kFormats[((flags >> 4) & 7) % 6];
     attend::PagedKvCache cache(config);
     std::vector<int64_t> ids;
     for (int64_t s = 0; s < batch; ++s) ids.push_back(cache.add_sequence());

@@ -85,6 +85,8 @@ SdpaParams split_kv_heads(const SdpaParams& p, int64_t group) {
   s.batch_shape[kMaxBatchRank - 1] = group;
   s.key_strides = split_kv_heads_strides(p.key_strides);
   s.value_strides = split_kv_heads_strides(p.value_strides);
+  s.key_scale_strides = split_kv_heads_strides(p.key_scale_strides);
+  s.value_scale_strides = split_kv_heads_strides(p.value_scale_strides);
   for (OperandStrides* o :
        {&s.query_strides, &s.output_strides, &s.weights_strides, &s.logsumexp_strides,
         &s.mask_strides, &s.bias_strides, &s.segment_query_strides, &s.segment_key_strides}) {

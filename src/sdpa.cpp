@@ -15,6 +15,7 @@
 #include "grouped_query.hpp"
 #include "kernels/fused_sdpa.hpp"
 #include "kernels/kernel_list.hpp"
+#include "kv_format.hpp"
 #include "score_rules.hpp"
 #include "sdpa_boundary.hpp"
 #include "sdpa_params.hpp"
@@ -388,9 +389,13 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
   } else {
     p.query = q.data_as<const float>();
   }
-  if (half_kv) {
+  if (half_query) {
     p.key_half = k.data_as<const uint16_t>();
     p.value_half = v.data_as<const uint16_t>();
+  } else if (half_kv) {  // the row groups read K and V as stored
+    p.kv_format = choice.half;
+    p.key_stored = k.data;
+    p.value_stored = v.data;
   } else {
     p.key = k.data_as<const float>();
     p.value = v.data_as<const float>();
@@ -454,11 +459,44 @@ void check_logsumexp(const char* name, const TensorView& lse, const Shape& score
 
 namespace {
 
+// K and V of `p` read in place from `stored` (its views stood in for key and value: the
+// strides are the blocks' already).
+void attach_stored_keys(SdpaParams& p, const StoredKeys& stored) {
+  const TensorView& kb = stored.key_blocks;
+  p.kv_format = kb.dtype;
+  if (kb.dtype == DType::kFloat32) {
+    p.key = stored.key_blocks.data_as<const float>();
+    p.value = stored.value_blocks.data_as<const float>();
+  } else {
+    p.key = p.value = nullptr;
+    p.key_stored = stored.key_blocks.data;
+    p.value_stored = stored.value_blocks.data;
+  }
+  p.key_len = stored.length;
+  p.block_table = stored.table;
+  p.block_size = kb.shape[1];
+  p.block_rows = stored.block_rows();
+  // Scales (num_blocks, block_size, Hkv): one per (slot, head).
+  const auto scale_strides = [&](const TensorView& scales) {
+    OperandStrides s;
+    s.batch[kMaxBatchRank - 1] = scales.strides[2];
+    s.row = scales.strides[1];
+    return s;
+  };
+  if (stored.key_scales) {
+    p.key_scales = stored.key_scales->data_as<const float>();
+    p.key_scale_strides = scale_strides(*stored.key_scales);
+    p.value_scales = stored.value_scales->data_as<const float>();
+    p.value_scale_strides = scale_strides(*stored.value_scales);
+  }
+}
+
 void run(const TensorView& query, const TensorView& key, const TensorView& value,
          const Problem& problem, const AttentionOutputViews& outputs,
-         const AttentionOptions& options) {
+         const AttentionOptions& options, const StoredKeys* stored = nullptr) {
   KernelInputs inputs;
   SdpaParams p = make_params(query, key, value, problem, options, inputs);
+  if (stored) attach_stored_keys(p, *stored);
 
   std::optional<Tensor> output_copy, weights_copy, lse_copy;
   const TensorView out = writable_kernel_float(outputs.output, output_copy);
@@ -487,6 +525,43 @@ void run(const TensorView& query, const TensorView& key, const TensorView& value
 }
 
 }  // namespace
+
+TensorView StoredKeys::stand_in(bool value, DType dtype) const {
+  const TensorView& b = value ? value_blocks : key_blocks;
+  return TensorView(b.data, dtype, Shape({b.shape[2], length, b.shape[3]}),
+                    Shape({b.strides[2], b.strides[1], b.strides[3]}));
+}
+
+bool StoredKeys::readable_in_place() const {
+  const int64_t rows = block_rows();
+  const auto fits = [&](const TensorView& t) {
+    const Shape& st = t.strides;
+    return t.rank() == 4 && st[3] == 1 && st[1] > 0 && st[0] == rows * st[1] && t.shape[1] <= rows;
+  };
+  const auto scales_fit = [&](const TensorView* s) {
+    return s == nullptr ||
+           (s->rank() == 3 && s->dtype == DType::kFloat32 && s->strides[0] == rows * s->strides[1]);
+  };
+  // float16 only where the SIMD target widens it exactly (F16C), as the dense call does.
+  return is_kv_format(key_blocks.dtype) && key_blocks.dtype == value_blocks.dtype &&
+         key_blocks.strides[1] > 0 && key_blocks.strides[0] % key_blocks.strides[1] == 0 &&
+         fits(key_blocks) && fits(value_blocks) && scales_fit(key_scales) &&
+         scales_fit(value_scales) && (key_scales == nullptr) == (value_scales == nullptr) &&
+         (key_blocks.dtype != DType::kFloat16 || exact_f16_widening());
+}
+
+void run_over_stored_keys(const TensorView& query, const StoredKeys& stored,
+                          const AttentionOutputViews& outputs, const AttentionOptions& options) {
+  // Checked as the dense problem of the query's dtype; run on float32 stand-ins (never read:
+  // attach_stored_keys points the kernel at the blocks) with float32 products.
+  const Problem problem = validate_inputs(query, stored.stand_in(false, query.dtype),
+                                          stored.stand_in(true, query.dtype), options);
+  AttentionOptions o = options;
+  o.compute = ComputePrecision::kFloat32;
+  run(query, stored.stand_in(false, DType::kFloat32), stored.stand_in(true, DType::kFloat32),
+      problem, outputs, o, &stored);
+}
+
 }  // namespace attend::detail
 
 namespace attend {

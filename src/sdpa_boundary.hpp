@@ -65,4 +65,31 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
                        const Problem& problem, const AttentionOptions& options,
                        KernelInputs& storage, bool for_backward = false);
 
+// K and V read in place from block storage (a paged cache's blocks; the key spans of
+// sdpa_params.hpp): blocks (num_blocks, block_size, Hkv, D) of any K/V format (kv_format.hpp)
+// whose last dimension is contiguous and whose block stride is a whole number of row
+// strides, the same for K, V and the scales (readable_in_place); the `length` keys at the
+// rows the block table `table` names (table[n]: the block of keys [n·block_size, ...)); the
+// scaled formats' scales (num_blocks, block_size, Hkv), null otherwise.
+struct StoredKeys {
+  TensorView key_blocks, value_blocks;
+  const TensorView* key_scales = nullptr;
+  const TensorView* value_scales = nullptr;
+  const int32_t* table = nullptr;
+  int64_t length = 0;
+  // A view (Hkv, length, D) of `dtype` with the blocks' strides, for the checks of the dense
+  // problem (never read).
+  TensorView stand_in(bool value, DType dtype) const;
+  // Rows from one block to the next (SdpaParams::block_rows).
+  int64_t block_rows() const { return key_blocks.strides[0] / key_blocks.strides[1]; }
+  // Whether the kernels can read these blocks in place (else a gathered copy).
+  bool readable_in_place() const;
+};
+
+// scaled_dot_product_attention_into of `query` (H, Lq, E) over the stored keys: validated as
+// the dense problem, float32 products on K and V widened in registers (row groups), outputs
+// checked by the caller.
+void run_over_stored_keys(const TensorView& query, const StoredKeys& stored,
+                          const AttentionOutputViews& outputs, const AttentionOptions& options);
+
 }  // namespace attend::detail

@@ -43,19 +43,46 @@ struct SdpaParams {
   const float* value = nullptr;
   OperandStrides value_strides;
 
-  // Half-precision operands (bfloat16 or float16: half_dtype) in place of the float32
-  // pointers above (null then), with the same strides:
-  //  - bfloat16 products (AttentionOptions::compute, AVX512_BF16; bf16_products-inl.h):
-  //    query_half, key_half and value_half, all bfloat16; only the query tiles run them;
-  //  - half-precision K and V for the row groups (decoding: K and V are the bytes a step
-  //    reads), widened to float32 as they are loaded: key_half and value_half, query float32.
-  // The boundary chooses either only for the kernel that runs it.
+  // bfloat16 products (AttentionOptions::compute, AVX512_BF16; bf16_products-inl.h):
+  // query_half, key_half and value_half, all bfloat16, in place of the float32 pointers above
+  // (null then), with the same strides; only the query tiles run them.
   DType half_dtype = DType::kBFloat16;
   const uint16_t* query_half = nullptr;
   const uint16_t* key_half = nullptr;
   const uint16_t* value_half = nullptr;
   bool bf16_products() const { return query_half != nullptr; }
-  bool half_kv() const { return key_half != nullptr; }
+
+  // K and V as stored (the row groups and the reference; decoding reads every cached byte
+  // once): key_stored and value_stored in kv_format (kv_format.hpp: float16, bfloat16,
+  // int8, float8_e4m3 or float8_e5m2) in place of key and value (null then), with their
+  // strides, widened to float32 in registers. The scaled formats (int8, fp8) hold
+  // x = scale · widen(code) with one scale per (key row, K/V head): the scale of key row
+  // `slot` of batch index b is key_scales[batch_offset(key_scale_strides, b) +
+  // slot · key_scale_strides.row] (value_scales alike).
+  DType kv_format = DType::kFloat32;
+  const void* key_stored = nullptr;
+  const void* value_stored = nullptr;
+  const float* key_scales = nullptr;
+  OperandStrides key_scale_strides;
+  const float* value_scales = nullptr;
+  OperandStrides value_scale_strides;
+  bool stored_kv() const { return key_stored != nullptr; }
+
+  // Key spans through a block table (paged K/V; FlashAttention's page_table and page_size):
+  // key j of every batch index lives in storage row ("slot")
+  // block_table[j / block_size] · block_rows + j % block_size, i.e. at
+  // key + batch offset + slot · key_strides.row (V and the scales alike), so that a paged
+  // cache is read in place whatever the block order. block_rows: rows from one block to the
+  // next (block_size when a block's rows hold every head, Hkv · block_size when each head's
+  // rows are adjacent). Null: slot j = j (contiguous keys). Read by the row groups and the
+  // reference only.
+  const int32_t* block_table = nullptr;
+  int64_t block_size = 0;
+  int64_t block_rows = 0;
+  int64_t key_slot(int64_t j) const {
+    return block_table ? int64_t{block_table[j / block_size]} * block_rows + j % block_size : j;
+  }
+
   // The backward's five products in bfloat16 (AVX512_BF16): the float32 operands rounded to
   // bfloat16 as the kernel packs them, P̃ and dS rounded before their products.
   bool bf16_backward = false;

@@ -9,6 +9,7 @@
 #include "attend/error.hpp"
 #include "checked_math.hpp"
 #include "convert_rows.hpp"
+#include "float8.hpp"
 #include "half.hpp"
 
 namespace attend {
@@ -31,6 +32,8 @@ size_t dtype_size(DType dtype) {
     case DType::kBool:
     case DType::kInt8:
     case DType::kUInt8:
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2:
       return 1;
   }
   return 1;
@@ -64,13 +67,17 @@ const char* dtype_name(DType dtype) {
       return "uint32";
     case DType::kUInt64:
       return "uint64";
+    case DType::kFloat8E4M3:
+      return "float8_e4m3";
+    case DType::kFloat8E5M2:
+      return "float8_e5m2";
   }
   return "unknown";
 }
 
 bool is_floating(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16 ||
-         dtype == DType::kFloat64;
+         dtype == DType::kFloat64 || dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -256,6 +263,10 @@ double load_as_double(const void* p, DType dtype) {
       return *static_cast<const uint32_t*>(p);
     case DType::kUInt64:
       return static_cast<double>(*static_cast<const uint64_t*>(p));
+    case DType::kFloat8E4M3:
+      return detail::f32_from_e4m3(*static_cast<const uint8_t*>(p));
+    case DType::kFloat8E5M2:
+      return detail::f32_from_e5m2(*static_cast<const uint8_t*>(p));
   }
   return 0;
 }
@@ -300,6 +311,12 @@ void store_from_double(void* p, DType dtype, double value) {
       return;
     case DType::kUInt64:
       *static_cast<uint64_t*>(p) = static_cast<uint64_t>(value);
+      return;
+    case DType::kFloat8E4M3:
+      *static_cast<uint8_t*>(p) = detail::e4m3_from_f32(static_cast<float>(value));
+      return;
+    case DType::kFloat8E5M2:
+      *static_cast<uint8_t*>(p) = detail::e5m2_from_f32(static_cast<float>(value));
       return;
   }
 }

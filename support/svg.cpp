@@ -269,7 +269,7 @@ void draw_heatmap(Document& document, double x, double y, double cell_size, cons
           style.fill = fraction > 0.6 ? "#111111" : "#ffffff";
           document.text(x + cell_size * (static_cast<double>(c) + 0.5),
                         y + cell_size * (static_cast<double>(r) + 0.5) + style.size * 0.35,
-                        format_number(value, 2), style);
+                        format_number(value, map.value_decimals), style);
         }
       }
     }

@@ -72,6 +72,7 @@ struct Heatmap {
   std::vector<std::string> row_labels;     // empty, or one per row (left of the grid)
   std::vector<std::string> column_labels;  // empty, or one per column (above, rotated)
   bool show_values = false;                // print each value in its cell (unquantized only)
+  int value_decimals = 2;                  // ... with this many decimals (format_number)
   // > 0: values are quantized to this many colour levels and equal neighbours in a row are
   // merged (keeps a 64 × 64 panel small); 0: one rectangle per cell, exact colours.
   int colour_levels = 0;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -207,9 +208,9 @@ TEST_F(AttendCli, ComputeDtypeSelectsThePrecisionOfTheProducts) {
 
 TEST_F(AttendCli, SdpaWithMaskBiasCausalScaleAndWeights) {
   const RunResult result =
-      run({"sdpa",      "--query", "Q.npy",  "--key", "K.npy",     "--value", "V.npy",
-           "--mask",    "M.npy",   "--bias", "B.npy", "--causal",  "--scale", "0.25",
-           "--threads", "2",       "--out",  "O.npy", "--weights", "W.npy"});
+      run({"sdpa",      "--query", "Q.npy",  "--key", "K.npy",         "--value", "V.npy",
+           "--mask",    "M.npy",   "--bias", "B.npy", "--causal",      "--scale", "0.25",
+           "--threads", "2",       "--out",  "O.npy", "--out-weights", "W.npy"});
   ASSERT_EQ(result.exit_status, 0) << result.err;
   EXPECT_EQ(result.out, "wrote O.npy (2, 5, 3) float32 and W.npy (2, 5, 7) float32\n");
   AttentionOptions options;
@@ -236,7 +237,7 @@ TEST_F(AttendCli, ScoreRulesMatchTheLibrary) {
                                 "--alibi",        "--softcap",       "2.5",      "--sinks",
                                 "S.npy",          "--segment-ids-q", "DQ.npy",   "--segment-ids-k",
                                 "D.npy",          "--prefix",        "1",        "--out",
-                                "O.npy",          "--weights",       "W.npy"});
+                                "O.npy",          "--out-weights",   "W.npy"});
   ASSERT_EQ(result.exit_status, 0) << result.err;
   AttentionOptions options;
   options.causal = true;
@@ -364,10 +365,18 @@ TEST_F(AttendCli, ServeBenchRunsEachConcurrency) {
                                 "--prompt-max", "20", "--output-max", "6", "--threads", "1"});
   ASSERT_EQ(result.exit_status, 0) << result.err;
   EXPECT_NE(result.out.find("tokens/s"), std::string::npos) << result.out;
-  // One row per level: concurrency, 5 requests; the progress bar on stderr.
+  // One row per level: concurrency, 5 requests. stderr is a file, not a terminal: no
+  // progress bar unless --progress asks for one.
   EXPECT_NE(result.out.find("          1        5"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("          3        5"), std::string::npos) << result.out;
-  EXPECT_NE(result.err.find("5/5 requests"), std::string::npos) << result.err;
+  EXPECT_EQ(result.err, "");
+  const RunResult forced = run({"serve-bench", "--requests", "2", "--concurrency", "2",
+                                "--prompt-max", "8", "--output-max", "2", "--progress"});
+  ASSERT_EQ(forced.exit_status, 0) << forced.err;
+  EXPECT_NE(forced.err.find("\rconcurrency   2 [##############################] 2/2 requests"),
+            std::string::npos)
+      << forced.err;
+  expect_error(run({"serve-bench", "--progress", "--quiet"}), "--quiet");
   const RunResult bad = run({"serve-bench", "--concurrency", "0"});
   EXPECT_NE(bad.exit_status, 0);
   EXPECT_NE(bad.err.find("--concurrency"), std::string::npos) << bad.err;
@@ -391,6 +400,41 @@ TEST_F(AttendCli, InfoListsTargetsAndVersionPrints) {
   EXPECT_EQ(help.exit_status, 0);
   EXPECT_NE(help.out.find("--query"), std::string::npos) << help.out;
   EXPECT_EQ(help.err, "");
+}
+
+// README.md's synopsis names every option of every subcommand, as `--help` lists them.
+TEST_F(AttendCli, ReadmeSynopsisNamesEveryOption) {
+  const std::string readme =
+      read_file_bytes(std::string(ATTEND_TEST_DATA_DIR) + "/../../README.md");
+  const size_t start = readme.find("## The command-line tool");
+  ASSERT_NE(start, std::string::npos);
+  const size_t end = readme.find("\n```\n", readme.find("```\n", start) + 4);
+  const std::string synopsis = readme.substr(start, end + 1 - start);  // with its last newline
+  std::vector<std::string> subcommands = {"demo", "sdpa",        "mha",       "bench",
+                                          "info", "serve-bench", "train-demo"};
+#ifdef ATTEND_HAVE_MPI
+  subcommands.push_back("ring");
+#endif
+  for (const std::string& subcommand : subcommands) {
+    SCOPED_TRACE(subcommand);
+    EXPECT_TRUE(synopsis.find("attend " + subcommand + " ") != std::string::npos ||
+                synopsis.find("attend " + subcommand + "\n") != std::string::npos)
+        << synopsis;
+    const RunResult help = run({subcommand, "--help"});
+    ASSERT_EQ(help.exit_status, 0) << help.err;
+    for (size_t at = help.out.find("--"); at != std::string::npos; at = help.out.find("--", at)) {
+      size_t stop = at + 2;
+      while (stop < help.out.size() &&
+             (std::isalnum(static_cast<unsigned char>(help.out[stop])) || help.out[stop] == '-')) {
+        ++stop;
+      }
+      const std::string option = help.out.substr(at, stop - at);
+      at = stop;
+      if (option == "--help" || option.size() < 3) continue;
+      EXPECT_NE(synopsis.find(option), std::string::npos)
+          << option << " of `attend " << subcommand << "` is missing from README.md's synopsis";
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -467,9 +511,13 @@ TEST_F(AttendCliBadInput, EveryBadInputFailsCleanly) {
       {"backend unknown", {"--backend", "gpu"}, "--backend"},
       {"unknown option", {"--frobnicate"}, "--frobnicate"},
       {"option without value", {"--scale"}, "--scale"},
-      {"weights directory missing", {"--weights", "nodir/W.npy"}, "does not exist"},
-      {"weights same as out", {"--weights", "./O.npy"}, "same file"},
-      {"weights is a directory", {"--weights", "."}, "directory"},
+      {"weights directory missing", {"--out-weights", "nodir/W.npy"}, "does not exist"},
+      {"weights same as out", {"--out-weights", "./O.npy"}, "same file"},
+      {"weights is a directory", {"--out-weights", "."}, "directory"},
+      {"the old name of --out-weights", {"--weights", "W.npy"}, "--weights is now --out-weights"},
+      {"misspelt option",
+       {"--casual"},
+       "unknown option --casual for `attend sdpa`; did you mean --causal?"},
       {"window negative", {"--window", "-3"}, "--window"},
       {"window text", {"--window", "3,x"}, "--window"},
       {"window right with causal", {"--causal", "--window", "2,3"}, "window"},

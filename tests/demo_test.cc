@@ -318,6 +318,13 @@ TEST_F(Demo, PhrasePictureLabelsEachToken) {
   EXPECT_EQ(std::count(texts.begin(), texts.end(), "head 7"), 1);
 }
 
+// The query panels name blobs A, B and C: the input panel marks them, with (row, column).
+TEST_F(Demo, UnetInputPanelMarksTheBlobs) {
+  expect_labels(picture("unet_attention.svg"),
+                {"blob A (18, 18)", "blob B (42, 46)", "blob C (48, 14)",
+                 "query (18, 18), in blob A", "(row, column): row 0-63 down, column 0-63 across"});
+}
+
 TEST_F(Demo, CrossAttentionPictureLabelsBothLanguages) {
   // "<bos>" and "<pad>" are only readable back if they were escaped.
   expect_labels(picture("cross_attention.svg"),

@@ -88,7 +88,7 @@ std::vector<std::string> golden_arguments(const GoldenCase& c, const std::string
                                         std::to_string(c.heads),
                                         "--out",
                                         out,
-                                        "--attn-weights",
+                                        "--out-weights",
                                         weights,
                                         "--threads",
                                         "2"};
@@ -347,7 +347,7 @@ class MhaCliBadInput : public ::testing::Test {
             "4",
             "--out",
             out_path(),
-            "--attn-weights",
+            "--out-weights",
             weights_out_path()};
   }
   std::string out_path() const { return directory_ / "O.npy"; }

@@ -143,7 +143,7 @@ TEST(ResourceLimits, BackwardWorkspaceThatCannotBeAllocated) {
 std::vector<char> cache_state(const PagedKvCache& cache, const std::vector<int64_t>& ids) {
   std::vector<char> all = bytes_of(cache.key_blocks()), v = bytes_of(cache.value_blocks());
   all.insert(all.end(), v.begin(), v.end());
-  if (cache.config().dtype == DType::kInt8) {
+  if (cache.key_scales().data != nullptr) {  // quantized formats
     for (const TensorView& s : {cache.key_scales(), cache.value_scales()}) {
       const std::vector<char> b = bytes_of(s);
       all.insert(all.end(), b.begin(), b.end());
@@ -186,13 +186,12 @@ void attend_under_allocation_failure(DType dtype, bool outputs_kept) {
   std::vector<int32_t> cu_q = {0, 64, 128, 192, 256};
   const Tensor q = random_tensor(Shape({256, 8, 64}), 3);
   Tensor out, mass;
-  const bool with_mass = dtype != DType::kInt8;  // int8 caches have no key_mass
   const int64_t width = ((700 + 15) / 16) * 16;
   const int refused = sweep(
       [&] {
         const TensorView mass_view = mass.view();
         cache.attend(ids, q.view(), TensorView(cu_q.data(), DType::kInt32, Shape({5})), out.view(),
-                     {}, nullptr, with_mass ? &mass_view : nullptr);
+                     {}, nullptr, &mass_view);
       },
       [&] {
         std::vector<char> all = cache_state(cache, ids);
@@ -320,7 +319,7 @@ TEST_P(CacheLimits, ExhaustedOrUnallocatableStorage) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, CacheLimits,
                          ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16,
-                                           DType::kInt8),
+                                           DType::kInt8, DType::kFloat8E4M3, DType::kFloat8E5M2),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(dtype_name(info.param));
                          });

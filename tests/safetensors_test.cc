@@ -195,7 +195,24 @@ TEST(Safetensors, ReadsAFileFromAnIndependentWriter) {
   EXPECT_EQ(contents.tensors.at("in_proj_weight").shape(), Shape({48, 16}));
   EXPECT_EQ(contents.tensors.at("out_proj.bias").shape(), Shape({16}));
   EXPECT_EQ(contents.metadata.at("num_heads"), "4");
-  EXPECT_THROW(load_safetensors("/nonexistent/attend/file.safetensors"), Error);
+}
+
+// A file that cannot be read says why, as the .npy reader does.
+TEST(Safetensors, AnUnreadableFileSaysWhy) {
+  const test::TemporaryDirectory directory;
+  const auto message = [](const std::string& path) -> std::string {
+    try {
+      (void)load_safetensors(path);
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_EQ(message("/nonexistent/attend/file.safetensors"),
+            "/nonexistent/attend/file.safetensors: cannot open for reading: No such file or "
+            "directory");
+  EXPECT_EQ(message(directory.path().string()),
+            directory.path().string() + ": is a directory, not a safetensors file");
 }
 
 }  // namespace

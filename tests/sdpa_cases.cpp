@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "float8.hpp"
 #include "half.hpp"
 
 namespace attend::test {
@@ -383,6 +384,10 @@ double element_as_double(const TensorView& view, int64_t logical_index) {
       return detail::f32_from_f16(load(uint16_t{}));
     case DType::kBFloat16:
       return detail::f32_from_bf16(load(uint16_t{}));
+    case DType::kFloat8E4M3:
+      return detail::f32_from_e4m3(load(uint8_t{}));
+    case DType::kFloat8E5M2:
+      return detail::f32_from_e5m2(load(uint8_t{}));
     case DType::kBool:
     case DType::kUInt8:
       return load(uint8_t{});

@@ -398,7 +398,7 @@ void expect_golden_gradients(const std::string& backend) {
     TemporaryDirectory directory;
     std::vector<std::string> arguments = input_arguments(c);
     arguments.insert(arguments.end(),
-                     {"--out", directory / "O.npy", "--weights", directory / "W.npy", "--grad-out",
+                     {"--out", directory / "O.npy", "--out-weights", directory / "W.npy", "--grad-out",
                       part_path(c.name, "grad_out"), "--grad-query", directory / "dQ.npy",
                       "--grad-key", directory / "dK.npy", "--grad-value", directory / "dV.npy",
                       "--threads", "2", "--backend", backend});

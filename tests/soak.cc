@@ -44,7 +44,8 @@
 //   ragged   varlen_attention_into over 1 to 5 packed sequences, float32, float16 or
 //            bfloat16, grouped-query, causal, window, softcap: each sequence against the
 //            listing of its dense call.
-//   paged    A PagedKvCache of every format (float32, float16, bfloat16, int8), a random block
+//   paged    A PagedKvCache of every format (float32, float16, bfloat16, int8, float8_e4m3,
+//            float8_e5m2), a random block
 //            size, sequences filled by appends in chunks (some forked), a batch of decodes and
 //            prefill chunks through attend(): each against the listing over the cache's own
 //            stored (dequantized) keys and values.
@@ -57,6 +58,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -73,6 +75,7 @@
 #include <vector>
 
 #include "allocation_fault.hpp"
+#include "arguments.hpp"
 #include "attend/error.hpp"
 #include "attend/kv_cache.hpp"
 #include "attend/npy.hpp"
@@ -563,19 +566,16 @@ Tensor stored_sequence(const PagedKvCache& cache, int64_t id, bool values) {
       float* to = dense.data_as<float>() + (h * length + t) * D;
       const int64_t at =
           block * blocks.strides[0] + row * blocks.strides[1] + h * blocks.strides[2];
-      if (c.dtype == DType::kInt8) {
+      TensorView from = blocks;
+      from.data = static_cast<char*>(from.data) + at * static_cast<int64_t>(dtype_size(from.dtype));
+      from.shape = Shape({D});
+      from.strides = Shape({blocks.strides[3]});
+      convert(from, TensorView(to, DType::kFloat32, Shape({D})));
+      if (scales.data != nullptr) {  // quantized: x = scale·q
         const float scale =
-            scales.data_as<const float>()[block * scales.strides[0] + row * scales.strides[1] + h];
-        for (int64_t e = 0; e < D; ++e) {
-          to[e] = scale * static_cast<float>(static_cast<const int8_t*>(blocks.data)[at + e]);
-        }
-      } else {
-        TensorView from = blocks;
-        from.data =
-            static_cast<char*>(from.data) + at * static_cast<int64_t>(dtype_size(from.dtype));
-        from.shape = Shape({D});
-        from.strides = Shape({1});
-        convert(from, TensorView(to, DType::kFloat32, Shape({D})));
+            scales.data_as<const float>()[block * scales.strides[0] + row * scales.strides[1] +
+                                          h * scales.strides[2]];
+        for (int64_t e = 0; e < D; ++e) to[e] *= scale;
       }
     }
   }
@@ -587,8 +587,9 @@ Tensor stored_sequence(const PagedKvCache& cache, int64_t id, bool values) {
 void paged_problem(Random& random, const std::string& target, Counts& counts, Findings& findings,
                    std::string& description) {
   KvCacheConfig config;
-  config.dtype = pick(
-      random, std::vector<DType>{DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8});
+  config.dtype =
+      pick(random, std::vector<DType>{DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                      DType::kInt8, DType::kFloat8E4M3, DType::kFloat8E5M2});
   config.block_size = pick(random, std::vector<int64_t>{1, 2, 4, 8, 16, 32});
   config.kv_heads = uniform(random, 1, 3);
   config.head_dim = pick(random, std::vector<int64_t>{8, 16, 32, 64, 128});
@@ -1058,29 +1059,34 @@ int main(int argc, char** argv) {
   attend::test::Settings settings;
   settings.seed =
       static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string option = argv[i], value = argv[i + 1];
-    if (option == "--minutes") {
-      settings.minutes = std::stod(value);
-    } else if (option == "--seed") {
-      settings.seed = std::stoull(value);
-    } else if (option == "--index") {
-      settings.index = std::stoll(value);
-    } else if (option == "--paths") {
-      settings.paths = value != "0";
-    } else {
-      std::fprintf(stderr, "usage: attend_soak [--minutes M] [--seed S] [--index I] [--paths 1]\n");
-      return 2;
+  CLI::App app("attend_soak: random problems, options and faults for a given time", "attend_soak");
+  std::string minutes_text, seed_text, index_text, paths_text;
+  app.add_option("--minutes", minutes_text, "how long to run, > 0 (default 20)")
+      ->type_name("FLOAT");
+  app.add_option("--seed", seed_text, "seed of the problems (default: the clock)")
+      ->type_name("INT");
+  app.add_option("--index", index_text, "run problem INDEX of --seed only (what a failure prints)")
+      ->type_name("INT");
+  app.add_option("--paths", paths_text,
+                 "1: half the problems on the serving and reduced-precision paths (default 0)")
+      ->type_name("0|1");
+  return attend::support::run_checked(app, argc, argv, [&] {
+    if (app.count("--minutes") > 0) {
+      settings.minutes = attend::support::parse_number("--minutes", minutes_text);
+      if (!(settings.minutes > 0 && settings.minutes <= 1e6)) {
+        throw attend::Error("--minutes must be in (0, 1e6], got " + minutes_text);
+      }
     }
-  }
-  if (argc % 2 == 0) {
-    std::fprintf(stderr, "usage: attend_soak [--minutes M] [--seed S] [--index I] [--paths 1]\n");
-    return 2;
-  }
-  try {
+    if (app.count("--seed") > 0) {
+      settings.seed = attend::support::parse_integer("--seed", seed_text, 0, UINT64_MAX);
+    }
+    if (app.count("--index") > 0) {
+      settings.index =
+          static_cast<int64_t>(attend::support::parse_integer("--index", index_text, 0, INT64_MAX));
+    }
+    if (app.count("--paths") > 0) {
+      settings.paths = attend::support::parse_integer("--paths", paths_text, 0, 1) == 1;
+    }
     return attend::test::run(settings);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "attend_soak: %s\n", e.what());
-    return 2;
-  }
+  });
 }

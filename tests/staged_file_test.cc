@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <ostream>
 #include <set>
 #include <string>
 #include <thread>
@@ -135,6 +136,8 @@ struct Writer {
   const char* name;
   std::function<void(const std::string& path, int id)> write;
 };
+// gtest shows a failing test's parameter by its name, not as a dump of its 40 bytes.
+void PrintTo(const Writer& writer, std::ostream* os) { *os << writer.name; }
 
 const Writer kWriters[] = {
     {"StagedFile",

@@ -30,7 +30,11 @@ void project(const std::vector<float>& in, const Tensor& w, std::vector<float>& 
   const auto tokens = static_cast<int64_t>(in.size()) / inputs;
   if (!accumulate) out.assign(static_cast<size_t>(tokens * outputs), 0.0f);
   const float* weights = w.data_as<float>();
-#pragma omp parallel for num_threads(threads) if (tokens > 1)
+  // Threads only for a few million multiply-adds and more: below that, waking and joining
+  // them costs more than the work (a decoding step's handful of tokens), and on a busy host
+  // far more (the library sizes its own work the same way).
+  const bool parallel = tokens > 1 && tokens * outputs * inputs >= (int64_t{1} << 22);
+#pragma omp parallel for num_threads(threads) if (parallel)
   for (int64_t t = 0; t < tokens; ++t) {
     const float* x = in.data() + t * inputs;
     for (int64_t o = 0; o < outputs; ++o) {

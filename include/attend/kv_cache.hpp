@@ -2,10 +2,10 @@
 //
 // Storage: fixed-size blocks, key_blocks (num_blocks, block_size, Hkv, E) and value_blocks
 // (num_blocks, block_size, Hkv, Ev), float32, float16 or bfloat16 (and, in PagedKvCache,
-// int8 with a scale per token and head). A sequence's tokens live in the blocks its block
-// table lists: token t at block_table[t / block_size], row t % block_size. Leading entries
-// may be -1: blocks evicted by a sliding window (the sequence's first kept token is then the
-// first of its first listed block).
+// int8, float8_e4m3 or float8_e5m2 with a scale per token and head). A sequence's tokens
+// live in the blocks its block table lists: token t at block_table[t / block_size], row
+// t % block_size. Leading entries may be -1: blocks evicted by a sliding window (the
+// sequence's // first of its first listed block).
 //
 // paged_attention_into runs a batch that mixes prefill chunks and single-token decodes: the
 // queries are packed as in attend/varlen.hpp (query (total_q, H, E), cu_seqlens_q); sequence
@@ -21,13 +21,13 @@
 // read from the blocks or written to the output. (PagedKvCache::attend lets forked sequences
 // share blocks: it knows they are read only.)
 //
-// How a sequence's keys are read, none of them copied on the common path:
-//  - kept blocks consecutive in storage: one strided view, the dense call itself (bitwise);
-//  - otherwise, float32 query and blocks, no sinks or user rules: each run of adjacent blocks
-//    is a dense call (positions shifted to the run), the runs merged per row by their
-//    log-sum-exp in float64 (within float32 rounding of the dense call, not bitwise);
-//  - otherwise (half-precision blocks, sinks, user rules): the kept keys gathered into a
-//    contiguous copy of the query's dtype, then the dense call (bitwise).
+// How a sequence's keys are read: up to 16 queries per sequence (decoding, speculative
+// verification), the kernel reads the blocks in place through the block table, whatever
+// their order, widening half-precision and quantized formats in registers (float32
+// products on the stored values: the same results as the dense call on the widened
+// keys, to float32 rounding). Longer chunks of queries (prefill) gather the sequence's kept
+// keys into a contiguous copy of the query's dtype (quantized formats dequantized) and run
+// the dense call on it (bitwise).
 #pragma once
 
 #include <cstdint>
@@ -63,8 +63,10 @@ struct KvCacheConfig {
   int64_t kv_heads = 1;
   int64_t head_dim = 64;
   int64_t value_dim = 0;  // 0: head_dim
-  // float32, float16 or bfloat16; or int8 with one float32 scale per token and head
-  // (key_scales(), value_scales()): x ≈ scale·q, scale = max|x| / 127 over the head's E.
+  // float32, float16 or bfloat16; or a quantized format with one float32 scale per token
+  // and head (key_scales(), value_scales()): x ≈ scale·q, scale = max|x| / max_code over the
+  // head's E: int8 (max_code 127, q rounded to nearest), float8_e4m3 (448) or float8_e5m2
+  // (57344), q rounded to nearest even. Every format is read in place by decoding.
   DType dtype = DType::kFloat32;
 };
 
@@ -77,12 +79,15 @@ class PagedKvCache {
   explicit PagedKvCache(const KvCacheConfig& config);
 
   const KvCacheConfig& config() const { return config_; }
-  // (num_blocks, block_size, Hkv, E) and (num_blocks, block_size, Hkv, Ev).
-  TensorView key_blocks() const { return keys_.view(); }
-  TensorView value_blocks() const { return values_.view(); }
+  // (num_blocks, block_size, Hkv, E) and (num_blocks, block_size, Hkv, Ev) views of the
+  // storage, which keeps each block's heads one after the other (Hkv, block_size, dim), as
+  // vLLM's CPU cache does: a head's rows of a block are one contiguous run for decoding to
+  // stream (the views' strides say so).
+  TensorView key_blocks() const;
+  TensorView value_blocks() const;
   // int8 caches: (num_blocks, block_size, Hkv) float32 scales; empty views otherwise.
-  TensorView key_scales() const { return key_scales_.view(); }
-  TensorView value_scales() const { return value_scales_.view(); }
+  TensorView key_scales() const;
+  TensorView value_scales() const;
   int64_t free_blocks() const;
   // Bytes of key and value storage.
   uint64_t bytes() const {
@@ -117,9 +122,9 @@ class PagedKvCache {
   void evict_outside_window(int64_t id, int64_t window);
 
   // Attention of the batch: sequence s = ids[s] has the packed queries of cu_seqlens_q
-  // (the last of its cached tokens), as paged_attention_into. An int8 cache dequantizes the
-  // batch's kept keys and values (scale·q, in float32, then the query's dtype) into a
-  // packed copy and runs varlen_attention_into on it.
+  // (the last of its cached tokens), as paged_attention_into. Quantized caches are read in
+  // place too (decoding: scale·q widened in registers); a longer chunk of queries, and
+  // key_mass, read a dequantized copy (scale·q in float32, then the query's dtype).
   void attend(const std::vector<int64_t>& ids, const TensorView& query,
               const TensorView& cu_seqlens_q, const TensorView& output,
               const AttentionOptions& options = {}, const TensorView* logsumexp = nullptr,
@@ -140,13 +145,10 @@ class PagedKvCache {
   // shares, and the copy that gives `seq` its own.
   bool shared_tail(const Sequence& seq, int64_t count) const;
   void copy_tail_block(Sequence& seq);
-  void attend_int8(const std::vector<const Sequence*>& sequences, const TensorView& query,
-                   const TensorView& cu_seqlens_q, const TensorView& output,
-                   const AttentionOptions& options, const TensorView* logsumexp) const;
 
   KvCacheConfig config_;
   Tensor keys_, values_;
-  Tensor key_scales_, value_scales_;  // int8 only
+  Tensor key_scales_, value_scales_;  // quantized formats only
   mutable std::mutex mutex_;
   std::vector<int32_t> free_;     // kept sorted descending: the lowest index is at the back
   std::vector<int32_t> sharers_;  // per block: sequences listing it (0: free)

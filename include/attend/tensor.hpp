@@ -26,6 +26,11 @@ enum class DType : uint8_t {
   kUInt16,
   kUInt32,
   kUInt64,
+  // 8-bit floats (OCP FP8) for K/V caches: E4M3 (PyTorch's float8_e4m3fn: no infinities,
+  // largest finite 448) and E5M2 (float8_e5m2: the top byte of a float16). Conversions
+  // round to nearest even and saturate to the largest finite value.
+  kFloat8E4M3,
+  kFloat8E5M2,
 };
 
 // Bytes per element of `dtype`.

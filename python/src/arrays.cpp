@@ -336,9 +336,9 @@ DLDataType dlpack_dtype(DType dtype) {
 }
 
 py::dtype numpy_dtype(DType dtype) {
-  if (dtype == DType::kBFloat16) {
-    throw ArgumentTypeError(
-        "a result of dtype bfloat16 has no NumPy dtype; pass torch tensors to get it");
+  if (dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2) {
+    throw ArgumentTypeError(std::string("a result of dtype ") + attend::dtype_name(dtype) +
+                            " has no NumPy dtype; pass torch tensors to get it");
   }
   // attend's dtype names are NumPy's ("float32", "bool", "uint16", ...).
   // Never destroyed: Python may be finalized before static destructors run.

@@ -40,6 +40,8 @@ struct AttentionShape {
   // Of query, key, value and output (and dO, dQ, dK, dV): float32, bfloat16 or float16,
   // computed as AttentionOptions::compute's default picks (ComputePrecision::kAuto).
   DType dtype = DType::kFloat32;
+  // Grouped-query attention: K and V of this many heads (dividing heads) when > 0.
+  int64_t kv_heads = 0;
   bool has_rules() const;
 
   // attend::attention_flops(batch·heads, Lq, Lk, E, E, causal): the shared formula; with
@@ -50,8 +52,10 @@ struct AttentionShape {
   // Share of (64-query, 128-key) tiles with a visible score: what the block-sparse kernel
   // visits (1 without positional or document rules).
   double visited_fraction() const;
-  // Bytes of K and V read once: 2·B·H·Lk·E·(bytes of dtype); H = 1 with shared_kv.
+  // Bytes of K and V read once: 2·B·Hkv·Lk·E·(bytes of dtype); Hkv = 1 with shared_kv.
   double key_value_bytes() const;
+  // K/V heads: 1 with shared_kv, kv_heads when set, else heads.
+  int64_t kv_head_count() const;
   // Bytes of the float32 weights (B, H, Lq, Lk).
   double weights_bytes() const;
 };
@@ -85,6 +89,23 @@ enum class Workload : uint8_t {
   // scaled_dot_product_attention_backward_into on (B, H, L, E) tensors, after one forward
   // that saved the output and log-sum-exp; FLOPs = attention_backward_flops (2.5 × forward).
   kAttentionBackward,
+  // Paged decoding (attend/kv_cache.hpp): PagedLayout::sequences sequences, each with the
+  // shape's Lq queries of H heads over its cached keys (Hkv heads, E), in one call:
+  // paged_attention_into on blocks in the layout's order, or PagedKvCache::attend for the
+  // quantized formats (which need the cache's scales).
+  kPagedDecode,
+  // AttentionPlan::run on (B, H, L, E) tensors, the plan made once (attend/plan.hpp).
+  kPlanned,
+};
+
+// The cache of a kPagedDecode case: K/V storage format (float32, float16, bfloat16, int8,
+// float8_e4m3, float8_e5m2), block size and order, and the batch's sequence lengths: the
+// shape's key_len for one sequence, else seeded lengths in [100, key_len].
+struct PagedLayout {
+  DType format = DType::kFloat32;
+  int64_t block_size = 16;
+  bool shuffled = false;
+  int64_t sequences = 1;
 };
 
 struct BenchCase {
@@ -98,12 +119,17 @@ struct BenchCase {
   // The float32 case this one's speed is compared with, measured in the same run (its time
   // divided by this one's: kMinSpeedup); "" for none.
   std::string baseline = {};
+  PagedLayout paged = {};  // kPagedDecode only
 
   // FLOPs of one call: shape.flops(), or attention_backward_flops for kAttentionBackward.
   double flops() const;
-  // Decoding (one query per head, attention alone): bounded by reading K and V, so reported
-  // in GB/s of K/V beside the read bandwidth probe.
+  // Decoding (up to 16 queries per head over at least 1024 keys, attention alone, or paged):
+  // bounded by reading K and V, so reported in GB/s of K/V beside the read bandwidth probe.
   bool memory_bound() const;
+  // Bytes of K and V (and their scales) as stored, read once by one call.
+  double key_value_bytes() const;
+  // A paged case's sequence lengths (seeded, deterministic).
+  std::vector<int64_t> paged_lengths() const;
 };
 
 // The table, in the order `attend bench` runs it.

@@ -435,6 +435,8 @@ const char* descr_of(DType dtype, const std::string& name) {
     case DType::kUInt64:
       return "<u8";
     case DType::kBFloat16:
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2:
       break;
   }
   fail(name, std::string("dtype ") + dtype_name(dtype) +

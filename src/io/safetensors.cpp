@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <vector>
 
 #include "attend/error.hpp"
@@ -212,8 +215,17 @@ SafetensorsContents parse_safetensors(const void* data, size_t size,
 }
 
 SafetensorsContents load_safetensors(const std::string& path) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) {
+    throw Error(detail::printable_for_message(path) + ": is a directory, not a safetensors file");
+  }
+  errno = 0;
   std::ifstream stream(path, std::ios::binary);
-  if (!stream) throw Error(detail::printable_for_message(path) + ": cannot open for reading");
+  if (!stream) {  // the standard library's open(2) left its reason in errno
+    const int error_number = errno;
+    throw Error(detail::printable_for_message(path) + ": cannot open for reading: " +
+                (error_number != 0 ? std::strerror(error_number) : "unknown reason"));
+  }
   stream.seekg(0, std::ios::end);
   const std::streamoff file_size = stream.tellg();
   if (file_size < 0)

@@ -18,6 +18,7 @@
 
 #include "dropout.hpp"
 #include "half.hpp"
+#include "kv_format.hpp"
 #include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
 
@@ -52,9 +53,13 @@ struct Tile {
   const float* query;   // batch base pointers (null with bfloat16 products)
   const float* key;
   const float* value;
-  const uint16_t* query_half;  // batch base pointers of half-precision operands, else null
+  const uint16_t* query_half;  // batch base pointers of bfloat16 products' operands, else null
   const uint16_t* key_half;
   const uint16_t* value_half;
+  const void* key_stored;  // batch base pointers of K and V as stored (SdpaParams::kv_format)
+  const void* value_stored;
+  const float* key_scales;  // and of their scales (int8, fp8), else null
+  const float* value_scales;
   int64_t key_stride;    // rows of key and value: the operands' strides, or E and Ev when
   int64_t value_stride;  // the tile reads a packed copy (see PackKeysAndValues)
   float* output;
@@ -82,6 +87,35 @@ struct KeySpan {
   const PartialRows* partial;
 };
 
+// slots[j] = p.key_slot(begin + j) for j < count: the storage rows of a span's keys, a block
+// at a time (one division per span).
+void SpanSlots(const SdpaParams& p, int64_t begin, int64_t count, int64_t* slots) {
+  if (p.block_table == nullptr) {
+    for (int64_t j = 0; j < count; ++j) slots[j] = begin + j;
+    return;
+  }
+  const int64_t bs = p.block_size;
+  int64_t n = begin / bs, row = begin % bs;
+  for (int64_t j = 0; j < count; ++n, row = 0) {
+    const int64_t base = int64_t{p.block_table[n]} * p.block_rows;
+    const int64_t rows = std::min(bs - row, count - j);
+    for (int64_t k = 0; k < rows; ++k) slots[j + k] = base + row + k;
+    j += rows;
+  }
+}
+
+// Element c of value row j (a key index) of the operands `tile` points at, as float32: the
+// stored format widened and scaled (kv_format.hpp), through the block table.
+float ValueAt(const SdpaParams& p, const Tile& tile, int64_t j, int64_t c) {
+  const int64_t slot = p.key_slot(j);
+  if (tile.value) return tile.value[slot * tile.value_stride + c];
+  const auto element = static_cast<int64_t>(dtype_size(p.kv_format));
+  const float x =
+      widen_kv(p.kv_format,
+               static_cast<const char*>(tile.value_stored) + slot * tile.value_stride * element, c);
+  return tile.value_scales ? x * tile.value_scales[slot * p.value_scale_strides.row] : x;
+}
+
 // A row that saw no key at all (every key masked or causally hidden): zeros with
 // zero_fully_masked_rows, else what the listing computes when every score is -1e9: uniform
 // weights 1/Lk over all keys (then dropout), output = their average of V.
@@ -103,12 +137,14 @@ void WriteFullyExcludedRow(const SdpaParams& p, const Tile& tile, int64_t query)
                    ? kept
                    : 0.0f;
     if (w) w[j] = weight;
-    if (tile.value) {
+    if (tile.value && p.block_table == nullptr) {
       const float* v = tile.value + j * tile.value_stride;
       for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * v[c];
-    } else {
+    } else if (tile.value_half) {
       const uint16_t* v = tile.value_half + j * tile.value_stride;
       for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * HalfToFloat(p.half_dtype, v[c]);
+    } else {
+      for (int64_t c = 0; c < p.value_dim; ++c) o[c] += weight * ValueAt(p, tile, j, c);
     }
   }
 }
@@ -129,6 +165,15 @@ void SetTileBatch(const SdpaParams& p, int64_t b, Tile& tile) {
   tile.query_half = at_batch(p.query_half, p.query_strides);
   tile.key_half = at_batch(p.key_half, p.key_strides);
   tile.value_half = at_batch(p.value_half, p.value_strides);
+  const auto stored_at = [&](const void* base, const OperandStrides& strides) -> const void* {
+    if (base == nullptr) return nullptr;
+    return static_cast<const char*>(base) +
+           at.offset(strides) * static_cast<int64_t>(dtype_size(p.kv_format));
+  };
+  tile.key_stored = stored_at(p.key_stored, p.key_strides);
+  tile.value_stored = stored_at(p.value_stored, p.value_strides);
+  tile.key_scales = at_batch(p.key_scales, p.key_scale_strides);
+  tile.value_scales = at_batch(p.value_scales, p.value_scale_strides);
   tile.key_stride = p.key_strides.row;
   tile.value_stride = p.value_strides.row;
   tile.output = p.output + at.offset(p.output_strides);

@@ -73,7 +73,8 @@ void RunAllRows(const SdpaParams& p) {
         batch = groups.first_batch(item) + (groups.across ? r : 0);
         query = groups.across ? 0 : groups.first_query(item) + r;
         return true;
-      });
+      },
+      groups.share(p));
 }
 
 template <int QV, bool BF16>
@@ -131,14 +132,16 @@ int64_t FusedLanes() { return kLanes; }
 
 // What FusedSdpaRows or FusedSdpaTiles will do with `p`: the work items and key chunks.
 FusedPlan PlanFused(const SdpaParams& p, bool rows) {
-  int64_t items;
+  int64_t items, share = 1;
   if (rows) {
-    items = RowGroups(p).count;
+    const RowGroups groups(p);
+    items = groups.count;
+    share = groups.share(p);
   } else {
     const int64_t tq = std::min<int64_t>((p.query_len + kLanes - 1) / kLanes, 4) * kLanes;
     items = p.batch * ((p.query_len + tq - 1) / tq);
   }
-  return {rows, items, PlanKeySplit(p, items).chunks};
+  return {rows, items, PlanKeySplit(p, items, share).chunks};
 }
 
 }  // namespace HWY_NAMESPACE
@@ -155,6 +158,8 @@ HWY_EXPORT(PlanFused);
 
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
   if (params.bf16_products()) return "bfloat16 products run in query tiles";
+  // K and V only the row groups read (another storage format, a block table): any Lq.
+  if (params.stored_kv() || params.block_table != nullptr) return nullptr;
   const int64_t lanes = ATTEND_DISPATCH(FusedLanes)();
   if (2 * params.query_len <= lanes) return nullptr;
   return "more queries than half the SIMD lanes (a query tile fills better)";
@@ -162,7 +167,11 @@ const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
 
 void fused_sdpa_rows(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaRows)(params); }
 
-const char* fused_sdpa_tiles_rejects(const SdpaParams&) { return nullptr; }
+const char* fused_sdpa_tiles_rejects(const SdpaParams& params) {
+  if (params.stored_kv()) return "K and V in a storage format the row groups read";
+  if (params.block_table != nullptr) return "K and V through a block table (the row groups)";
+  return nullptr;
+}
 
 void fused_sdpa_tiles(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaTiles)(params); }
 

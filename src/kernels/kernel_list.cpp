@@ -73,9 +73,10 @@ std::string chosen_kernel(const SdpaParams& params, Backend backend) {
     const FusedPlan plan = fused_sdpa_plan(params, c.run == fused_sdpa_rows);
     if (params.bf16_products()) {
       name += " (bfloat16 products)";
-    } else if (params.half_kv()) {
-      name += params.half_dtype == DType::kFloat16 ? " (float16 K/V)" : " (bfloat16 K/V)";
+    } else if (params.stored_kv()) {
+      name += std::string(" (") + dtype_name(params.kv_format) + " K/V)";
     }
+    if (params.block_table) name += " (paged)";
     if (plan.chunks > 1) name += " + key split (" + std::to_string(plan.chunks) + " chunks)";
   }
   return name;

@@ -37,12 +37,22 @@ constexpr int64_t kSplitItems = 16;     // work items wanted: the cores of a lar
 constexpr int64_t kSplitGranule = 256;  // keys: ≥ 16 KiB of K and V per row at E = 8
 static_assert(kSplitGranule % kKeyTile == 0 && kSplitGranule % 4 == 0);
 
+// Work items that read the same K and V (the query heads of one K/V head, a head's several
+// row groups: `share` consecutive items) run each chunk of kShareChunk keys one after the
+// other on one thread: K and V come from memory once per chunk and from cache (512 keys of
+// E = Ev = 128 float32: 512 KiB) for the group's other items.
+constexpr int64_t kShareChunk = 512;
+static_assert(kShareChunk % kSplitGranule == 0);
+
 struct KeySplit {
   int64_t chunks;
   int64_t chunk_len;
 };
 
-KeySplit PlanKeySplit(const SdpaParams& p, int64_t items) {
+KeySplit PlanKeySplit(const SdpaParams& p, int64_t items, int64_t share = 1) {
+  if (p.weights == nullptr && share > 1 && p.key_len >= 2 * kShareChunk) {
+    return {(p.key_len + kShareChunk - 1) / kShareChunk, kShareChunk};
+  }
   const int64_t wanted = std::min((kSplitItems + items - 1) / items, p.key_len / kSplitGranule);
   if (p.weights != nullptr || wanted < 2) return {1, p.key_len};
   const int64_t chunk_len =
@@ -84,11 +94,12 @@ void MergeRow(const SdpaParams& p, const PartialRows* chunks, int64_t count, int
 // Runs the `count` work items of a call (row groups or query tiles of up to `rows` rows)
 // over all keys or, when PlanKeySplit splits them, over each key chunk, then merges each
 // row's chunks. run(ws, item, span) computes one item over one span; locate(item, r, batch,
-// query) names row r of an item, false past its last row.
+// query) names row r of an item, false past its last row. `share`: consecutive items that
+// read the same K and V (see kShareChunk), run chunk by chunk on one thread.
 template <class Workspace_, class RunItem, class Locate>
 void RunItems(const SdpaParams& p, int64_t count, int64_t rows, const RunItem& run,
-              const Locate& locate) {
-  const KeySplit split = PlanKeySplit(p, count);
+              const Locate& locate, int64_t share = 1) {
+  const KeySplit split = PlanKeySplit(p, count, share);
   if (split.chunks == 1) {
     ParallelItems<Workspace_>(p, ForwardMultiplyAdds(p), count, [&](Workspace_& ws, int64_t item) {
       run(ws, item, KeySpan{0, p.key_len, nullptr});
@@ -110,12 +121,18 @@ void RunItems(const SdpaParams& p, int64_t count, int64_t rows, const RunItem& r
     partials[static_cast<size_t>(i)] = PartialRows{base, out_stride, stats, stats + rows,
                                                    reinterpret_cast<uint8_t*>(stats + 2 * rows)};
   }
-  ParallelItems<Workspace_>(p, ForwardMultiplyAdds(p), items, [&](Workspace_& ws, int64_t i) {
-    const int64_t begin = (i % split.chunks) * split.chunk_len;
-    run(ws, i / split.chunks,
-        KeySpan{begin, std::min(split.chunk_len, p.key_len - begin),
-                &partials[static_cast<size_t>(i)]});
-  });
+  // Units of work: (group of `share` items, chunk), the group's items in order.
+  const int64_t groups = (count + share - 1) / share;
+  ParallelItems<Workspace_>(
+      p, ForwardMultiplyAdds(p), groups * split.chunks, [&](Workspace_& ws, int64_t unit) {
+        const int64_t chunk = unit % split.chunks, first = unit / split.chunks * share;
+        const int64_t begin = chunk * split.chunk_len;
+        for (int64_t item = first; item < std::min(count, first + share); ++item) {
+          run(ws, item,
+              KeySpan{begin, std::min(split.chunk_len, p.key_len - begin),
+                      &partials[static_cast<size_t>(item * split.chunks + chunk)]});
+        }
+      });
   Tile tile{};
   tile.batch = -1;
   for (int64_t item = 0; item < count; ++item) {

@@ -20,6 +20,7 @@
 
 #include "dropout.hpp"
 #include "half.hpp"
+#include "kv_format.hpp"
 #include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
 
@@ -56,39 +57,84 @@ constexpr int kRowGroup = 2;
 constexpr int64_t kInlineKeys = 256;
 constexpr int64_t kInlineValueDim = 256;
 
-// The element type of the K and V the row groups read: float32, or bfloat16 / float16 widened
-// to float32 as they are loaded (SdpaParams::half_kv: the bytes a decoding step reads halve,
-// the arithmetic and its results stay those of float32 on the widened values).
-enum class KvType { kF32, kBF16, kF16 };
-template <KvType K>
-using KvPtr = std::conditional_t<K == KvType::kF32, const float*, const uint16_t*>;
+// The row groups read K and V as stored (SdpaParams::kv_format; kv_format.hpp): float32, or
+// float16, bfloat16, int8, float8_e4m3, float8_e5m2 widened to float32 as they are loaded
+// (decoding: the bytes a step reads shrink, the arithmetic stays float32 on the widened
+// values). The scaled formats' scales are applied to the scores (key) and the
+// probabilities (value), never to the loaded vectors.
+template <DType K>
+using KvPtr = std::conditional_t<
+    K == DType::kFloat32, const float*,
+    std::conditional_t<K == DType::kInt8, const int8_t*,
+                       std::conditional_t<K == DType::kFloat16 || K == DType::kBFloat16,
+                                          const uint16_t*, const uint8_t*>>>;
 
-// One vector of K or V from `p` (unaligned), as float32.
-template <KvType K>
+// One vector of K or V from `p` (unaligned), widened to float32: exactly widen_kv
+// (kv_format.hpp) lane by lane.
+template <DType K>
 HWY_INLINE VF LoadKV(DF d, KvPtr<K> p) {
-  if constexpr (K == KvType::kF32) {
+  if constexpr (K == DType::kFloat32) {
     return hn::LoadU(d, p);
-  } else {
-    using Half = std::conditional_t<K == KvType::kBF16, hwy::bfloat16_t, hwy::float16_t>;
+  } else if constexpr (K == DType::kFloat16 || K == DType::kBFloat16) {
+    using Half = std::conditional_t<K == DType::kBFloat16, hwy::bfloat16_t, hwy::float16_t>;
     const hn::Rebind<Half, DF> dh;
     return hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const Half*>(p)));
+  } else if constexpr (K == DType::kInt8) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::RebindToSigned<DF> di;
+    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, p)));
+  } else {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+    // fp8 as float16 bits (F16C widens float16 exactly, subnormals included): E5M2 is a
+    // float16's top byte; E4M3's sign, exponent and mantissa fields moved into float16's
+    // places give its value / 2^8 (float16's bias 15 against 7).
+    const hn::Rebind<uint8_t, DF> d8;
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto code = hn::PromoteTo(d16, hn::LoadU(d8, p));
+    if constexpr (K == DType::kFloat8E5M2) {
+      return hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(code)));
+    } else {
+      const auto bits = hn::Or(hn::ShiftLeft<8>(hn::And(code, hn::Set(d16, 0x80))),
+                               hn::ShiftLeft<7>(hn::And(code, hn::Set(d16, 0x7F))));
+      return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, bits)), hn::Set(d, 256.0f));
+    }
+#else
+    // fp8 (float8.hpp): sign · significand · 2^(max(e, 1) − bias − mantissa bits), built from
+    // integers (exact whatever the denormal flags: every value is a float32 normal).
+    constexpr int kMantissa = K == DType::kFloat8E4M3 ? 3 : 2;
+    constexpr int kBias = K == DType::kFloat8E4M3 ? 7 : 15;
+    const hn::Rebind<uint8_t, DF> d8;
+    const hn::RebindToSigned<DF> di;
+    const auto code = hn::BitCast(di, hn::PromoteTo(hn::RebindToUnsigned<DF>(), hn::LoadU(d8, p)));
+    const auto magnitude = hn::And(code, hn::Set(di, 0x7F));
+    const auto e = hn::ShiftRight<kMantissa>(magnitude);
+    const auto m = hn::And(magnitude, hn::Set(di, (1 << kMantissa) - 1));
+    const auto normal = hn::Gt(e, hn::Zero(di));
+    const auto significand = hn::IfThenElse(normal, hn::Or(m, hn::Set(di, 1 << kMantissa)), m);
+    const auto exponent = hn::Max(e, hn::Set(di, 1));
+    const auto power =
+        hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(exponent, hn::Set(di, 127 - kBias - kMantissa))));
+    const VF value = hn::Mul(hn::ConvertTo(d, significand), power);
+    const auto sign = hn::BitCast(d, hn::ShiftLeft<24>(hn::And(code, hn::Set(di, 0x80))));
+    return hn::Or(value, sign);
+#endif
   }
 }
 // Element i of K or V, as float32.
-template <KvType K>
+template <DType K>
 HWY_INLINE float KvAt(KvPtr<K> p, int64_t i) {
-  if constexpr (K == KvType::kF32) {
+  if constexpr (K == DType::kFloat32) {
     return p[i];
-  } else if constexpr (K == KvType::kBF16) {
-    return f32_from_bf16(p[i]);
   } else {
-    return f32_from_f16(p[i]);
+    return widen_kv(K, p, i);
   }
 }
 
 struct RowWorkspace {
-  float* scores;  // [kRowGroup][score_stride]: Lk rounded up to lanes
-  float* out;     // [kRowGroup][out_stride]:   Ev rounded up to lanes
+  float* scores;   // [kRowGroup][score_stride]: Lk rounded up to lanes
+  float* out;      // [kRowGroup][out_stride]:   Ev rounded up to lanes
+  int64_t* slots;  // [score_stride]: the storage row of each key of a span (key_slot)
   int64_t score_stride;
   int64_t out_stride;
   // The operands of the batch index tile_batch[r] (-1: none yet), row r's when a group
@@ -104,9 +150,12 @@ struct RowWorkspace {
         hwy::RoundUpTo(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1)), lanes));
     if (score_stride <= kInlineKeys) {
       scores = inline_scores_;
+      slots = inline_slots_;
     } else {
       heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * score_stride));
       scores = heap_scores_.get();
+      heap_slots_ = hwy::AllocateAligned<int64_t>(static_cast<size_t>(score_stride));
+      slots = heap_slots_.get();
     }
     positional = has_positional_rules(p) || p.prefix > 0;
     plain = !has_score_mods(p) && p.bias == nullptr && !has_pairwise_rules(p);
@@ -133,19 +182,22 @@ struct RowWorkspace {
   RowWorkspace(const RowWorkspace&) = delete;
   RowWorkspace& operator=(const RowWorkspace&) = delete;
   bool ok() const {
-    return scores != nullptr && out != nullptr && (keep != nullptr || !needs_keep);
+    return scores != nullptr && slots != nullptr && out != nullptr &&
+           (keep != nullptr || !needs_keep);
   }
   bool needs_keep = false;
 
  private:
   alignas(64) float inline_scores_[kRowGroup * kInlineKeys];
   alignas(64) float inline_out_[kRowGroup * kInlineValueDim];
+  alignas(64) int64_t inline_slots_[kInlineKeys];
   hwy::AlignedFreeUniquePtr<float[]> heap_scores_;
+  hwy::AlignedFreeUniquePtr<int64_t[]> heap_slots_;
   hwy::AlignedFreeUniquePtr<float[]> heap_out_;
 };
 
 // Σ_e a[e]·b[e] for four rows b0..b3 at once (lanes along e, scalar tail).
-template <KvType K>
+template <DType K>
 HWY_INLINE void Dot4(const float* HWY_RESTRICT a, KvPtr<K> b0, KvPtr<K> b1, KvPtr<K> b2,
                      KvPtr<K> b3, int64_t n, float* HWY_RESTRICT out) {
   const DF d;
@@ -171,14 +223,15 @@ HWY_INLINE void Dot4(const float* HWY_RESTRICT a, KvPtr<K> b0, KvPtr<K> b1, KvPt
 
 #if ATTEND_QUAD_SUMS
 // Scores of keys [0, key_end) for G rows, four keys at a time (E a multiple of kLanes):
-// scores[r][j] = q_r·k_r,j, stored as whole vectors; lanes past key_end are left unset in
-// the last vector (the caller pads them). kShared: the rows share one K (key[0]), each of
-// whose vectors is then loaded once for the G rows; else each row reads its own K (rows of
-// different heads: G streams from memory, where one would leave the core's memory
-// parallelism unused).
-template <int G, bool kShared, KvType K>
-HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, int64_t key_stride,
-                           int64_t head_dim, int64_t key_end, float* scores, int64_t score_stride) {
+// scores[r][j] = q_r·k_r,j with key j at key[r] + slot[j]·key_stride, stored as whole vectors;
+// lanes past key_end are left unset in the last vector (the caller pads them). kShared: the rows
+// share one K (key[0]), each of whose vectors is then loaded once for the G rows; else each row
+// reads its own K (rows of different heads: G streams from memory, where one would leave the core's
+// memory parallelism unused).
+template <int G, bool kShared, DType K>
+HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const int64_t* slot,
+                           int64_t key_stride, int64_t head_dim, int64_t key_end, float* scores,
+                           int64_t score_stride) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const auto lanes = hn::Iota(di, 0);
@@ -190,14 +243,16 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, int64
     for (int r = 0; r < G; ++r) {
       for (int c = 0; c < 4; ++c) acc[r][c] = hn::Zero(d);
     }
+    int64_t row[4];
+    for (int c = 0; c < 4; ++c) row[c] = slot[j + c] * key_stride;
     for (int64_t e = 0; e < head_dim; e += kLanes) {
       VF k[4];
       if constexpr (kShared) {
-        for (int c = 0; c < 4; ++c) k[c] = LoadKV<K>(d, key[0] + (j + c) * key_stride + e);
+        for (int c = 0; c < 4; ++c) k[c] = LoadKV<K>(d, key[0] + row[c] + e);
       }
       for (int r = 0; r < G; ++r) {
         if constexpr (!kShared) {
-          for (int c = 0; c < 4; ++c) k[c] = LoadKV<K>(d, key[r] + (j + c) * key_stride + e);
+          for (int c = 0; c < 4; ++c) k[c] = LoadKV<K>(d, key[r] + row[c] + e);
         }
         const VF q = hn::LoadU(d, query[r] + e);
         for (int c = 0; c < 4; ++c) acc[r][c] = hn::MulAdd(q, k[c], acc[r][c]);
@@ -222,8 +277,8 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, int64
     for (int r = 0; r < G; ++r) {
       VF acc = hn::Zero(d);
       for (int64_t e = 0; e < head_dim; e += kLanes) {
-        acc =
-            hn::MulAdd(hn::LoadU(d, query[r] + e), LoadKV<K>(d, key[r] + j * key_stride + e), acc);
+        acc = hn::MulAdd(hn::LoadU(d, query[r] + e),
+                         LoadKV<K>(d, key[r] + slot[j] * key_stride + e), acc);
       }
       pending[r] = hn::IfThenElse(at_lane, hn::SumOfLanes(d, acc), pending[r]);
       if (lane == kLanes - 1) hn::Store(pending[r], d, scores + r * score_stride + j + 1 - kLanes);
@@ -237,12 +292,13 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, int64
 }
 #endif  // ATTEND_QUAD_SUMS
 
-// Scores of keys [0, key_end) for one row with any E: Dot4 and a scalar tail, each score
+// Scores of keys [0, key_end) (key j at key + slot[j]·key_stride) for one row with any E:
+// Dot4 and a scalar tail, each score
 // put into its lane of a register vector that is stored whole (a vector load of bytes
 // written by scalar stores would stall store-to-load forwarding).
-template <KvType K>
-HWY_INLINE void RowScores(const float* query, KvPtr<K> key, int64_t key_stride, int64_t head_dim,
-                          int64_t key_end, float* scores) {
+template <DType K>
+HWY_INLINE void RowScores(const float* query, KvPtr<K> key, const int64_t* slot, int64_t key_stride,
+                          int64_t head_dim, int64_t key_end, float* scores) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const auto lanes = hn::Iota(di, 0);
@@ -257,24 +313,24 @@ HWY_INLINE void RowScores(const float* query, KvPtr<K> key, int64_t key_stride, 
   int64_t j = 0;
   for (; j + 4 <= key_end; j += 4) {
     float dots[4];
-    Dot4<K>(query, key + j * key_stride, key + (j + 1) * key_stride, key + (j + 2) * key_stride,
-            key + (j + 3) * key_stride, head_dim, dots);
+    Dot4<K>(query, key + slot[j] * key_stride, key + slot[j + 1] * key_stride,
+            key + slot[j + 2] * key_stride, key + slot[j + 3] * key_stride, head_dim, dots);
     for (int k = 0; k < 4; ++k) put(j + k, dots[k]);
   }
   for (; j < key_end; ++j) {
     float s = 0;
-    for (int64_t e = 0; e < head_dim; ++e) s += query[e] * KvAt<K>(key, j * key_stride + e);
+    for (int64_t e = 0; e < head_dim; ++e) s += query[e] * KvAt<K>(key, slot[j] * key_stride + e);
     put(j, s);
   }
   if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
 }
 
-// out_r[c] (+)= Σ_j prob_r[j]·V_r[j][c] for G rows and the vector columns c < columns (a
-// multiple of kLanes), starting from zero when `first`; when `last`, stores
-// out_r·factor_r into dest_r instead of out_r. kShared: the rows share one V (value[0]),
-// each of whose vectors is loaded once for the G rows; else each row reads its own.
-template <int G, bool kShared, KvType K>
-HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value,
+// out_r[c] (+)= Σ_j prob_r[j]·V_r[j][c] for G rows (V_r[j] at value[r] + slot[j]·value_stride)
+// and the vector columns c < columns (a multiple of kLanes), starting from zero when `first`; when
+// `last`, stores out_r·factor_r into dest_r instead of out_r. kShared: the rows share one V
+// (value[0]), each of whose vectors is loaded once for the G rows; else each row reads its own.
+template <int G, bool kShared, DType K>
+HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value, const int64_t* slot,
                                int64_t value_stride, int64_t keys, int64_t columns, bool first,
                                bool last, const float* factor, float* const* out,
                                float* const* dest) {
@@ -288,13 +344,14 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value,
     }
     for (int64_t j = 0; j < keys; ++j) {
       VF v0, v1;
+      const int64_t row = slot[j] * value_stride + c;
       if constexpr (kShared) {
-        const KvPtr<K> v = value[0] + j * value_stride + c;
+        const KvPtr<K> v = value[0] + row;
         v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
       }
       for (int r = 0; r < G; ++r) {
         if constexpr (!kShared) {
-          const KvPtr<K> v = value[r] + j * value_stride + c;
+          const KvPtr<K> v = value[r] + row;
           v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
         }
         const VF pj = hn::Set(d, prob[r][j]);
@@ -318,7 +375,7 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value,
     for (int r = 0; r < G; ++r) acc[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
     for (int64_t j = 0; j < keys; ++j) {
       for (int r = 0; r < G; ++r) {
-        const VF v = LoadKV<K>(d, value[kShared ? 0 : r] + j * value_stride + c);
+        const VF v = LoadKV<K>(d, value[kShared ? 0 : r] + slot[j] * value_stride + c);
         acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
       }
     }
@@ -332,7 +389,13 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value,
   }
 }
 
-template <int G, KvType K>
+// x[j] *= scales[slot_j · stride] for the keys j < count of a span (slots: SpanSlots).
+HWY_INLINE void ApplyRowScalesAt(const float* scales, int64_t stride, const int64_t* slots,
+                                 int64_t count, float* x) {
+  for (int64_t j = 0; j < count; ++j) x[j] *= scales[slots[j] * stride];
+}
+
+template <int G, DType K>
 class RowGroupAttention {
  public:
   RowGroupAttention(const SdpaParams& p, RowWorkspace& ws) : p_(p), ws_(ws) {}
@@ -367,19 +430,28 @@ class RowGroupAttention {
       group_key_end = std::max(group_key_end, key_end_[r]);
       scores_[r] = ws_.scores + r * ws_.score_stride;
       query_[r] = tile_[r]->query + row_[r] * p_.query_strides.row;
-      if constexpr (K == KvType::kF32) {
-        key_[r] = tile_[r]->key + span.begin * p_.key_strides.row;
-        value_[r] = tile_[r]->value + span.begin * p_.value_strides.row;
+      if constexpr (K == DType::kFloat32) {
+        key_[r] = tile_[r]->key;
+        value_[r] = tile_[r]->value;
       } else {
-        key_[r] = tile_[r]->key_half + span.begin * p_.key_strides.row;
-        value_[r] = tile_[r]->value_half + span.begin * p_.value_strides.row;
+        key_[r] = static_cast<KvPtr<K>>(tile_[r]->key_stored);
+        value_[r] = static_cast<KvPtr<K>>(tile_[r]->value_stored);
       }
     }
     const int64_t padded_end = static_cast<int64_t>(
         hwy::RoundUpTo(static_cast<size_t>(group_key_end), static_cast<size_t>(kLanes)));
+    // The storage row of each key of the span: the block table resolved once per item.
+    SpanSlots(p_, span.begin, group_key_end, ws_.slots);
 
-    // 1. Dot products of the keys before the group's last visible key.
+    // 1. Dot products of the keys before the group's last visible key; the keys' scales of a
+    // quantized cache: s_j = scale_j · (q · code_j).
     ComputeDots(group_key_end, shared);
+    if constexpr (is_scaled_kv_format(K)) {
+      for (int r = 0; r < G; ++r) {
+        ApplyRowScalesAt(tile_[r]->key_scales, p_.key_scale_strides.row, ws_.slots, group_key_end,
+                         scores_[r]);
+      }
+    }
 
     // 2. The score rules (score_rule_layer.hpp); lanes past each row's key_end become -inf
     // after scaling (the scale may be negative), so 2^(-inf) = 0 leaves sums and outputs
@@ -493,6 +565,15 @@ class RowGroupAttention {
                               : tile.output + row_[r] * p_.output_strides.row;
     }
 
+    // The values' scales of a quantized cache: Σ_j p_j·(scale_j · code_j) = Σ_j
+    // (p_j·scale_j)·code_j.
+    if constexpr (is_scaled_kv_format(K)) {
+      for (int r = 0; r < G; ++r) {
+        ApplyRowScalesAt(tile_[r]->value_scales, p_.value_scale_strides.row, ws_.slots,
+                         group_key_end, scores_[r]);
+      }
+    }
+
     // 5. Output = P·V·factor, the vector columns in chunks of 256 keys (a chunk of V, up to
     // 256 KiB at Ev = 256, is read from memory once and from cache for the remaining column
     // blocks), the last few columns one at a time.
@@ -500,26 +581,22 @@ class RowGroupAttention {
     const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
     for (int64_t k0 = 0; k0 < group_key_end; k0 += kKeyChunk) {
       const float* prob[G];
-      KvPtr<K> value[G];
-      for (int r = 0; r < G; ++r) {
-        prob[r] = scores_[r] + k0;
-        value[r] = value_[r] + k0 * p_.value_strides.row;
-      }
+      for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
       const int64_t keys = std::min(kKeyChunk, group_key_end - k0);
       const bool first = k0 == 0, last = k0 + kKeyChunk >= group_key_end;
       if (shared) {
-        AccumulateRows<G, true, K>(prob, value, p_.value_strides.row, keys, vector_columns, first,
-                                   last, out_factor_, out_, dest_);
+        AccumulateRows<G, true, K>(prob, value_, ws_.slots + k0, p_.value_strides.row, keys,
+                                   vector_columns, first, last, out_factor_, out_, dest_);
       } else {
-        AccumulateRows<G, false, K>(prob, value, p_.value_strides.row, keys, vector_columns, first,
-                                    last, out_factor_, out_, dest_);
+        AccumulateRows<G, false, K>(prob, value_, ws_.slots + k0, p_.value_strides.row, keys,
+                                    vector_columns, first, last, out_factor_, out_, dest_);
       }
     }
     for (int r = 0; r < G; ++r) {
       for (int64_t c = vector_columns; c < p_.value_dim; ++c) {
         float acc = 0;
         for (int64_t j = 0; j < key_end_[r]; ++j) {
-          acc += scores_[r][j] * KvAt<K>(value_[r], j * p_.value_strides.row + c);
+          acc += scores_[r][j] * KvAt<K>(value_[r], ws_.slots[j] * p_.value_strides.row + c);
         }
         dest_[r][c] = acc * out_factor_[r];
       }
@@ -552,18 +629,19 @@ class RowGroupAttention {
 #if ATTEND_QUAD_SUMS
     if (p_.head_dim % kLanes == 0) {
       if (shared) {
-        QuadScores<G, true, K>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
-                               ws_.score_stride);
+        QuadScores<G, true, K>(query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end,
+                               ws_.scores, ws_.score_stride);
       } else {
-        QuadScores<G, false, K>(query_, key_, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
-                                ws_.score_stride);
+        QuadScores<G, false, K>(query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end,
+                                ws_.scores, ws_.score_stride);
       }
       return;
     }
 #endif
     (void)shared;  // RowScores reads each row's own K
     for (int r = 0; r < G; ++r) {
-      RowScores<K>(query_[r], key_[r], p_.key_strides.row, p_.head_dim, key_end, scores_[r]);
+      RowScores<K>(query_[r], key_[r], ws_.slots, p_.key_strides.row, p_.head_dim, key_end,
+                   scores_[r]);
     }
   }
 
@@ -587,7 +665,7 @@ class RowGroupAttention {
 
 // Work items: groups of up to kRowGroup consecutive rows of one batch index or, with one
 // query per batch index (decoding), the rows of up to kRowGroup consecutive batch indices.
-template <int G, KvType K>
+template <int G, DType K>
 void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, bool across,
                  KeySpan span) {
   const Tile* tiles[G];
@@ -607,8 +685,10 @@ void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, 
   bool shared = true;
   for (int r = 1; r < G; ++r) {
     shared = shared && tiles[r]->key == tiles[0]->key && tiles[r]->value == tiles[0]->value &&
-             tiles[r]->key_half == tiles[0]->key_half &&
-             tiles[r]->value_half == tiles[0]->value_half;
+             tiles[r]->key_stored == tiles[0]->key_stored &&
+             tiles[r]->value_stored == tiles[0]->value_stored &&
+             tiles[r]->key_scales == tiles[0]->key_scales &&
+             tiles[r]->value_scales == tiles[0]->value_scales;
   }
   RowGroupAttention<G, K>(p, ws).Run(tiles, queries, shared, span);
 }
@@ -627,16 +707,40 @@ struct RowGroups {
   int64_t first_query(int64_t item) const {
     return across ? 0 : (item - first_batch(item) * per_batch) * kRowGroup;
   }
+  // Consecutive items that read the same K and V (RunItems' share): the query heads of one
+  // K/V head (K and V broadcast with stride 0 over the last batch dimension, as
+  // split_kv_heads and multi-query views make them) in whole row groups, with each head's
+  // row groups.
+  int64_t share(const SdpaParams& p) const {
+    constexpr int d = kMaxBatchRank - 1;
+    const int64_t heads = p.batch_shape[d];
+    const bool broadcast = heads > 1 && p.key_strides.batch[d] == 0 &&
+                           p.value_strides.batch[d] == 0 && p.key_scale_strides.batch[d] == 0 &&
+                           p.value_scale_strides.batch[d] == 0;
+    if (across) return broadcast && heads % kRowGroup == 0 ? heads / kRowGroup : 1;
+    return (broadcast ? heads : 1) * per_batch;
+  }
   int64_t rows(const SdpaParams& p, int64_t item) const {
     return std::min<int64_t>(
         kRowGroup, across ? p.batch - first_batch(item) : p.query_len - first_query(item));
   }
   void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
-    if (!p.half_kv()) return RunOfType<KvType::kF32>(p, ws, item, span);
-    if (p.half_dtype == DType::kFloat16) return RunOfType<KvType::kF16>(p, ws, item, span);
-    RunOfType<KvType::kBF16>(p, ws, item, span);
+    switch (p.kv_format) {
+      case DType::kFloat16:
+        return RunOfType<DType::kFloat16>(p, ws, item, span);
+      case DType::kBFloat16:
+        return RunOfType<DType::kBFloat16>(p, ws, item, span);
+      case DType::kInt8:
+        return RunOfType<DType::kInt8>(p, ws, item, span);
+      case DType::kFloat8E4M3:
+        return RunOfType<DType::kFloat8E4M3>(p, ws, item, span);
+      case DType::kFloat8E5M2:
+        return RunOfType<DType::kFloat8E5M2>(p, ws, item, span);
+      default:
+        return RunOfType<DType::kFloat32>(p, ws, item, span);
+    }
   }
-  template <KvType K>
+  template <DType K>
   void RunOfType(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     const int64_t b0 = first_batch(item), q0 = first_query(item), n = rows(p, item);
     if constexpr (kRowGroup == 4) {

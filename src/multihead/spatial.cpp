@@ -14,6 +14,7 @@
 #include "cpu_features.hpp"
 #include "kernels/gemm.hpp"
 #include "multihead/parameter_init.hpp"
+#include "sdpa_boundary.hpp"
 
 namespace attend {
 namespace {
@@ -27,7 +28,7 @@ void check_image(const char* who, const TensorView& x, int64_t channels) {
     throw Error(std::string(who) + ": strides " + x.strides.str() + " do not match shape " +
                 x.shape.str());
   }
-  if (!is_floating(x.dtype) || x.dtype == DType::kFloat64) {
+  if (!detail::is_attention_float(x.dtype)) {
     throw Error(std::string(who) + ": dtype " + dtype_name(x.dtype) +
                 " is not supported (float32, float16 or bfloat16)");
   }

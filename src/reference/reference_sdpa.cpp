@@ -6,21 +6,63 @@
 
 #include "attend/sdpa.hpp"
 #include "dropout.hpp"
+#include "kv_format.hpp"
 #include "score_rule_layer.hpp"
 
 namespace attend::detail {
+namespace {
+
+// The K or V rows of batch index b as the reference reads them: element e of storage row
+// `slot` (SdpaParams::key_slot) as float32, the stored format widened and scaled.
+struct KvRows {
+  const float* f32 = nullptr;
+  const void* stored = nullptr;
+  DType format = DType::kFloat32;
+  int64_t stride = 0;
+  const float* scales = nullptr;
+  int64_t scale_stride = 0;
+
+  float at(int64_t slot, int64_t e) const {
+    if (f32) return f32[slot * stride + e];
+    const float x = widen_kv(format, stored, slot * stride + e);
+    return scales ? x * scales[slot * scale_stride] : x;
+  }
+};
+
+KvRows kv_rows(const SdpaParams& p, int64_t b, bool value) {
+  const float* f32 = value ? p.value : p.key;
+  const OperandStrides& strides = value ? p.value_strides : p.key_strides;
+  KvRows rows;
+  rows.stride = strides.row;
+  if (f32) {
+    rows.f32 = f32 + p.batch_offset(strides, b);
+    return rows;
+  }
+  rows.format = p.kv_format;
+  rows.stored = static_cast<const char*>(value ? p.value_stored : p.key_stored) +
+                p.batch_offset(strides, b) * static_cast<int64_t>(dtype_size(p.kv_format));
+  const float* scales = value ? p.value_scales : p.key_scales;
+  const OperandStrides& scale_strides = value ? p.value_scale_strides : p.key_scale_strides;
+  if (scales) {
+    rows.scales = scales + p.batch_offset(scale_strides, b);
+    rows.scale_stride = scale_strides.row;
+  }
+  return rows;
+}
+
+}  // namespace
 
 ReferenceRow reference_row_weights(const SdpaParams& p, int64_t b, int64_t i, double* weights,
                                    char* excluded) {
   const float* q = p.query + p.batch_offset(p.query_strides, b) + i * p.query_strides.row;
-  const float* k = p.key + p.batch_offset(p.key_strides, b);
+  const KvRows k = kv_rows(p, b, false);
   // 1. scores = Q·Kᵀ · scale, the modifications (softcap, bias, ALiBi, user rule), then
   // masked_fill(excluded, -1e9): the steps of score_rule_layer.hpp.
   ReferenceRow row;
   for (int64_t j = 0; j < p.key_len; ++j) {
-    const float* kj = k + j * p.key_strides.row;
+    const int64_t slot = p.key_slot(j);
     double dot = 0;
-    for (int64_t e = 0; e < p.head_dim; ++e) dot += double{q[e]} * double{kj[e]};
+    for (int64_t e = 0; e < p.head_dim; ++e) dot += double{q[e]} * double{k.at(slot, e)};
     const double s = modified_score(p, b, i, j, dot * double{p.scale});
     const bool out = !is_visible(p, b, i, j);
     if (excluded) excluded[j] = out;
@@ -55,7 +97,7 @@ void reference_sdpa(const SdpaParams& params) {
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t b = row / p.query_len, i = row % p.query_len;
-      const float* v = p.value + p.batch_offset(p.value_strides, b);
+      const KvRows v = kv_rows(p, b, true);
 
       // 1.–2. scores, masked_fill(excluded, -1e9), weights = softmax(scores).
       const ReferenceRow softmax = reference_row_weights(p, b, i, scores.data(), nullptr);
@@ -79,8 +121,10 @@ void reference_sdpa(const SdpaParams& params) {
       std::fill(output_row.begin(), output_row.end(), 0.0);
       for (int64_t j = 0; j < p.key_len; ++j) {
         const double w = scores[static_cast<size_t>(j)];
-        const float* vj = v + j * p.value_strides.row;
-        for (int64_t e = 0; e < p.value_dim; ++e) output_row[static_cast<size_t>(e)] += w * vj[e];
+        const int64_t slot = p.key_slot(j);
+        for (int64_t e = 0; e < p.value_dim; ++e) {
+          output_row[static_cast<size_t>(e)] += w * v.at(slot, e);
+        }
       }
       float* o = p.output + p.batch_offset(p.output_strides, b) + i * p.output_strides.row;
       for (int64_t e = 0; e < p.value_dim; ++e)

@@ -21,6 +21,7 @@
 #include "attend/varlen.hpp"
 #include "grouped_query.hpp"
 #include "kernels/kernel_list.hpp"
+#include "kv_format.hpp"
 #include "sdpa_boundary.hpp"
 #include "serving/ragged.hpp"
 
@@ -29,245 +30,80 @@ namespace {
 
 using detail::RaggedSequence;
 
+// Queries per sequence up to which paged attention reads the blocks in place (decoding,
+// speculative verification); longer chunks (prefill) run on a gathered copy.
+constexpr int64_t kMaxDecodeQueries = 16;
+
 // One sequence's keys in the blocks: kept blocks first_block.. of its table row.
 struct CachedKeys {
   const int32_t* table = nullptr;  // row s of block_tables
   int64_t first_block = 0;         // first kept (not evicted) entry
   int64_t blocks = 0;              // entries in use: ceil(len / block_size)
   int64_t start = 0;               // first kept token
-  bool consecutive = false;        // kept blocks adjacent in storage, in order
 };
 
 int32_t table_entry(const TensorView& tables, int64_t s, int64_t n) {
   return tables.data_as<const int32_t>()[s * tables.strides[0] + n * tables.strides[1]];
 }
 
-void check_blocks(const char* name, const TensorView& blocks) {
+// Blocks (num_blocks, block_size, Hkv, dim) in a K/V format (kv_format.hpp); the scaled
+// formats only with their scales (a PagedKvCache's own).
+void check_blocks(const char* name, const TensorView& blocks, bool scaled) {
   detail::check_view(name, blocks);
   if (blocks.rank() != 4) {
     throw Error(detail::describe(name, blocks) +
                 ": expected (num_blocks, block_size, kv_heads, dim)");
   }
-  if (!detail::is_attention_float(blocks.dtype)) {
+  if (!detail::is_kv_format(blocks.dtype) ||
+      (detail::is_scaled_kv_format(blocks.dtype) && !scaled)) {
     throw Error(std::string(name) + ": dtype " + dtype_name(blocks.dtype) +
-                " is not supported (float32, float16 or bfloat16; an int8 cache attends "
-                "through PagedKvCache::attend, which knows its scales)");
+                " is not supported (float32, float16 or bfloat16; int8 and float8 caches "
+                "attend through PagedKvCache::attend, which knows their scales)");
   }
 }
 
-// Tokens [start, start + length) of a sequence as (Hkv, length, D): in place when its kept
-// blocks are consecutive and of the query's dtype, else gathered into `copy`.
-TensorView cached_view(const TensorView& blocks, const CachedKeys& keys, int64_t length,
-                       DType dtype, std::optional<Tensor>& copy) {
+// Tokens [start, start + length) of a sequence as a contiguous (Hkv, length, D) copy of
+// `dtype`, gathered from its kept blocks (the scaled formats dequantized: scale · code).
+TensorView gathered_keys(const TensorView& blocks, const TensorView* scales, const CachedKeys& keys,
+                         int64_t length, DType dtype, std::optional<Tensor>& copy) {
   const int64_t bs = blocks.shape[1], heads = blocks.shape[2], dim = blocks.shape[3];
   const Shape& st = blocks.strides;
   const auto element = static_cast<int64_t>(dtype_size(blocks.dtype));
-  const auto block_data = [&](int32_t b) {
-    return static_cast<char*>(blocks.data) + b * st[0] * element;
-  };
-  if (keys.consecutive && blocks.dtype == dtype && st[0] == bs * st[1]) {
-    return TensorView(block_data(keys.table[keys.first_block]), dtype, Shape({heads, length, dim}),
-                      Shape({st[2], st[1], st[3]}));
-  }
-  copy.emplace(dtype, Shape({length, heads, dim}));
-  for (int64_t t = 0; t < length;) {
-    const int64_t n = keys.first_block + t / bs;
-    const int64_t rows = std::min(bs, length - t);
-    const TensorView source(block_data(keys.table[n]), blocks.dtype, Shape({rows, heads, dim}),
-                            Shape({st[1], st[2], st[3]}));
-    if (blocks.dtype == dtype && st[3] == 1 && st[2] == dim && st[1] == heads * dim) {
-      std::memcpy(copy->data_as<char>() + t * heads * dim * element, source.data,
-                  static_cast<size_t>(rows * heads * dim * element));
-      t += rows;
+  const DType gathered = scales ? DType::kFloat32 : dtype;
+  Tensor rows(gathered, Shape({length, heads, dim}));
+  for (int64_t t = 0; t < length; t += bs) {
+    const int64_t block = keys.table[keys.first_block + t / bs];
+    const int64_t count = std::min(bs, length - t);
+    const TensorView source(static_cast<char*>(blocks.data) + block * st[0] * element, blocks.dtype,
+                            Shape({count, heads, dim}), Shape({st[1], st[2], st[3]}));
+    const TensorView dest(
+        rows.data_as<char>() + t * heads * dim * static_cast<int64_t>(dtype_size(gathered)),
+        gathered, Shape({count, heads, dim}));
+    if (!scales) {
+      convert(source, dest);
       continue;
     }
-    const TensorView dest(
-        copy->data_as<char>() + t * heads * dim * static_cast<int64_t>(dtype_size(dtype)), dtype,
-        Shape({rows, heads, dim}));
-    convert(source, dest);
-    t += rows;
+    float* out = dest.data_as<float>();
+    for (int64_t r = 0; r < count; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float scale =
+            scales->data_as<const float>()[block * scales->strides[0] + r * scales->strides[1] +
+                                           h * scales->strides[2]];
+        const char* code =
+            static_cast<const char*>(source.data) + (r * st[1] + h * st[2]) * element;
+        for (int64_t e = 0; e < dim; ++e) {
+          *out++ = scale * detail::widen_kv(blocks.dtype, code, e * st[3]);
+        }
+      }
+    }
+  }
+  if (gathered != dtype) {
+    copy.emplace(dtype, rows.shape());
+    convert(rows.view(), copy->view());
+  } else {
+    copy.emplace(std::move(rows));
   }
   return TensorView(copy->data(), dtype, Shape({heads, length, dim}), Shape({dim, heads * dim, 1}));
-}
-
-// Runs of blocks adjacent in storage: kept keys [begin, begin + count) from block `block` on.
-struct BlockRun {
-  int64_t begin, count, block;
-};
-
-std::vector<BlockRun> block_runs(const CachedKeys& keys, int64_t length, int64_t block_size) {
-  std::vector<BlockRun> runs;
-  for (int64_t t = 0; t < length; t += block_size) {
-    const int32_t b = keys.table[keys.first_block + t / block_size];
-    const int64_t count = std::min(block_size, length - t);
-    if (!runs.empty() && runs.back().block + runs.back().count / block_size == b &&
-        runs.back().count % block_size == 0) {
-      runs.back().count += count;
-    } else {
-      runs.push_back({t, count, b});
-    }
-  }
-  return runs;
-}
-
-// Whether a sequence whose blocks are not all adjacent can run as runs of adjacent blocks
-// merged by their log-sum-exp (no copy of K and V): float32 throughout, rows of the blocks
-// contiguous, and no rule that each run would apply again (a sink) or that sees absolute key
-// indices (user rules).
-bool mergeable(const TensorView& query, const TensorView& key_blocks,
-               const TensorView& value_blocks, const AttentionOptions& options) {
-  const auto rows_contiguous = [](const TensorView& b) {
-    return b.dtype == DType::kFloat32 && b.strides[3] == 1 && b.strides[2] == b.shape[3] &&
-           b.strides[1] == b.shape[2] * b.shape[3];
-  };
-  return query.dtype == DType::kFloat32 && rows_contiguous(key_blocks) &&
-         rows_contiguous(value_blocks) && !options.sinks && !options.user_rules;
-}
-
-// One sequence over its runs of adjacent blocks: each run is a dense call on its keys (the
-// diagonal, the prefix and ALiBi's distances shifted by the run's first key; rows that see
-// none of its keys get zero weight), then every row merges its runs in order (float64):
-// o = Σ_r e^(lse_r − m)·o_r / Σ_r e^(lse_r − m), lse = m + log Σ_r e^(lse_r − m).
-// False (nothing written) when the options make the boundary copy an operand.
-bool attend_over_runs(const TensorView& query, const TensorView& key_blocks,
-                      const TensorView& value_blocks, const CachedKeys& keys, int64_t length,
-                      const TensorView& output, const TensorView* logsumexp,
-                      const AttentionOptions& options, int threads) {
-  const int64_t bs = key_blocks.shape[1];
-  const std::vector<BlockRun> runs = block_runs(keys, length, bs);
-  const int64_t heads = query.shape[0], lq = query.shape[1], ev = value_blocks.shape[3];
-  const auto block_view = [&](const TensorView& blocks, const BlockRun& run) {
-    const Shape& st = blocks.strides;
-    return TensorView(blocks.data_as<float>() + run.block * st[0], DType::kFloat32,
-                      Shape({blocks.shape[2], run.count, blocks.shape[3]}),
-                      Shape({st[2], st[1], st[3]}));
-  };
-  // The parameters of run 0's dense call; each run then sets its own keys and positions.
-  AttentionOptions o = options;
-  o.fully_masked_rows = FullyMaskedRows::kZero;
-  o.num_threads = 1;
-  const TensorView k0 = block_view(key_blocks, runs[0]), v0 = block_view(value_blocks, runs[0]);
-  const detail::Problem problem = detail::validate_inputs(query, k0, v0, o);
-  detail::KernelInputs inputs;
-  const detail::SdpaParams base = detail::make_params(query, k0, v0, problem, o, inputs);
-  // An option that made the boundary copy an operand (another precision of the products):
-  // the runs cannot swap their keys in; the caller gathers instead.
-  if (inputs.query || inputs.key || inputs.value ||
-      base.query != static_cast<const float*>(query.data) ||
-      base.key != static_cast<const float*>(k0.data) ||
-      base.value != static_cast<const float*>(v0.data)) {
-    return false;
-  }
-  const detail::KernelRun kernel = detail::chosen_kernel_run(base, o.backend);
-  const int64_t dense_offset =
-      options.causal_alignment == CausalAlignment::kBottomRight ? length - lq : 0;
-  const int64_t rows = heads * lq;
-  const auto count = static_cast<int64_t>(runs.size());
-  const int64_t stride = rows * (ev + 1);  // per run: outputs (H, Lq, Ev), then lse (H, Lq)
-  std::vector<float> partial(static_cast<size_t>(count * stride));
-  const auto run_one = [&](int64_t r) {
-    const BlockRun& run = runs[static_cast<size_t>(r)];
-    detail::SdpaParams p = base;
-    p.key = block_view(key_blocks, run).data_as<const float>();
-    p.value = block_view(value_blocks, run).data_as<const float>();
-    p.key_len = run.count;
-    p.diagonal_offset = dense_offset - run.begin;
-    p.prefix = std::clamp<int64_t>(options.prefix - run.begin, 0, run.count);
-    float* out = partial.data() + r * stride;
-    p.output = out;
-    p.output_strides = detail::OperandStrides{{0, 0, 0, lq * ev}, ev, 1};
-    p.logsumexp = out + rows * ev;
-    p.logsumexp_strides = detail::OperandStrides{{0, 0, 0, lq}, 1, 1};
-    kernel(problem.kv_group > 1 ? detail::split_kv_heads(p, problem.kv_group) : p);
-  };
-  // One thread (decode inside a busy batch): no OpenMP region at all.
-  std::exception_ptr failure;
-  if (threads <= 1) {
-    for (int64_t r = 0; r < count; ++r) run_one(r);
-  } else {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t r = 0; r < count; ++r) {
-      try {
-        run_one(r);
-      } catch (...) {
-#pragma omp critical(attend_paged_failure)
-        if (!failure) failure = std::current_exception();
-      }
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
-
-  const int64_t group = problem.kv_group;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  std::vector<double> acc(static_cast<size_t>(ev));
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t i = 0; i < lq; ++i) {
-      const int64_t row = h * lq + i;
-      float m = kNegInf;
-      for (int64_t r = 0; r < count; ++r) {
-        m = std::max(m, partial[static_cast<size_t>(r * stride + rows * ev + row)]);
-      }
-      std::fill(acc.begin(), acc.end(), 0.0);
-      float lse = m;
-      if (m == kNegInf) {  // every key excluded
-        if (options.fully_masked_rows == FullyMaskedRows::kUniform) {
-          // The listing's uniform weights: the mean of V over the kept keys.
-          for (const BlockRun& run : runs) {
-            const TensorView v = block_view(value_blocks, run);
-            const float* head = v.data_as<const float>() + (h / group) * v.strides[0];
-            for (int64_t j = 0; j < run.count; ++j) {
-              for (int64_t c = 0; c < ev; ++c) {
-                acc[static_cast<size_t>(c)] += head[j * v.strides[1] + c];
-              }
-            }
-          }
-          for (double& a : acc) a /= static_cast<double>(length);
-          lse = static_cast<float>(-1e9 + std::log(static_cast<double>(length)));
-        }
-      } else {
-        double total = 0;
-        for (int64_t r = 0; r < count; ++r) {
-          const float* part = partial.data() + r * stride;
-          const double weight = std::exp(static_cast<double>(part[rows * ev + row]) - m);
-          total += weight;
-          for (int64_t c = 0; c < ev; ++c) {
-            acc[static_cast<size_t>(c)] += weight * part[row * ev + c];
-          }
-        }
-        for (double& a : acc) a /= total;
-        lse = static_cast<float>(m + std::log(total));
-      }
-      float* dest = output.data_as<float>() + h * output.strides[0] + i * output.strides[1];
-      for (int64_t c = 0; c < ev; ++c) {
-        dest[c * output.strides[2]] = static_cast<float>(acc[static_cast<size_t>(c)]);
-      }
-      if (logsumexp) {
-        logsumexp->data_as<float>()[h * logsumexp->strides[0] + i * logsumexp->strides[1]] = lse;
-      }
-    }
-  }
-  return true;
-}
-
-// int8 rows of a cache: token t, head h of `rows` (tokens, Hkv, D), any floating dtype:
-// scale = max_e |x_e| / 127, q_e = round(x_e / scale) in [-127, 127] (all 0, scale 0, for
-// a zero row).
-void quantize_rows(const TensorView& rows, int8_t* out, float* scales) {
-  Tensor values(DType::kFloat32, rows.shape);
-  convert(rows, values.view());
-  const int64_t count = rows.shape[0] * rows.shape[1], dim = rows.shape[2];
-  const float* x = values.data_as<float>();
-  for (int64_t r = 0; r < count; ++r, x += dim, out += dim) {
-    float largest = 0;
-    for (int64_t e = 0; e < dim; ++e) largest = std::max(largest, std::abs(x[e]));
-    const float scale = largest / 127.0f;
-    scales[r] = scale;
-    for (int64_t e = 0; e < dim; ++e) {
-      out[e] = scale == 0
-                   ? int8_t{0}
-                   : static_cast<int8_t>(std::clamp(std::nearbyint(x[e] / scale), -127.0f, 127.0f));
-    }
-  }
 }
 
 // key_mass row `row` (stride `step`): at position start + j, Σ over heads and queries of
@@ -297,14 +133,16 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
                      const TensorView& key_blocks, const TensorView& value_blocks,
                      const TensorView& block_tables, const TensorView& seq_lens,
                      const TensorView& output, const AttentionOptions& options,
-                     const TensorView* logsumexp, const TensorView* key_mass, bool shared_blocks) {
+                     const TensorView* logsumexp, const TensorView* key_mass, bool shared_blocks,
+                     const TensorView* key_scales = nullptr,
+                     const TensorView* value_scales = nullptr) {
   const int threads = detail::threads_of(options);
   detail::check_view("query", query);
   if (query.rank() != 3) {
     throw Error(detail::describe("query", query) + ": expected (total tokens, heads, dim)");
   }
-  check_blocks("key_blocks", key_blocks);
-  check_blocks("value_blocks", value_blocks);
+  check_blocks("key_blocks", key_blocks, key_scales != nullptr);
+  check_blocks("value_blocks", value_blocks, value_scales != nullptr);
   for (int d = 0; d < 3; ++d) {
     if (key_blocks.shape[d] != value_blocks.shape[d]) {
       throw Error(detail::describe("key_blocks", key_blocks) + " and " +
@@ -357,7 +195,6 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
     while (keys.first_block < keys.blocks && table_entry(block_tables, s, keys.first_block) == -1) {
       ++keys.first_block;
     }
-    keys.consecutive = true;
     for (int64_t n = keys.first_block; n < keys.blocks; ++n) {
       const int32_t b = table_entry(block_tables, s, n);
       if (b < 0 || b >= num_blocks) {
@@ -370,9 +207,6 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
                     " is listed twice in the batch's block tables");
       }
       used[static_cast<size_t>(b)] = 1;
-      if (n > keys.first_block && b != table_entry(block_tables, s, n - 1) + 1) {
-        keys.consecutive = false;
-      }
     }
     keys.start = std::min(len, keys.first_block * bs);
     const int64_t kept = len - keys.start;
@@ -444,42 +278,51 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
 
   AttentionOptions per_sequence = options;
   per_sequence.need_logsumexp = false;
+  // Decoding shapes (up to kMaxDecodeQueries queries) read the blocks in place through the
+  // block table (the row groups; sdpa_boundary.hpp's StoredKeys); longer chunks of queries
+  // (prefill) and bfloat16 products gather each sequence's keys into a contiguous copy for
+  // the query tiles.
+  detail::StoredKeys blocks{key_blocks, value_blocks, key_scales, value_scales};
+  const bool blocks_in_place =
+      blocks.readable_in_place() &&
+      (options.compute == ComputePrecision::kAuto || options.compute == ComputePrecision::kFloat32);
   detail::schedule_sequences(
-      sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
+      sequences, query.shape[1], query.shape[2] + value_blocks.shape[3], threads,
+      [&](size_t s, int sequence_threads) {
         const RaggedSequence& seq = sequences[s];
-        if (key_mass) {  // the listing's weights of this sequence, summed per key
-          std::optional<Tensor> key_copy, value_copy;
-          write_key_mass(
-              detail::sequence_view(query, seq.q_begin, seq.q_len),
-              cached_view(key_blocks, cached[s], seq.k_len, query.dtype, key_copy),
-              cached_view(value_blocks, cached[s], seq.k_len, query.dtype, value_copy),
-              per_sequence, sequence_threads,
-              key_mass->data_as<float>() + static_cast<int64_t>(s) * key_mass->strides[0],
-              key_mass->strides[1], cached[s].start);
-        }
-        const bool in_place = cached[s].consecutive && key_blocks.dtype == query.dtype &&
-                              key_blocks.strides[0] == key_blocks.shape[1] * key_blocks.strides[1];
-        if (!in_place && mergeable(query, key_blocks, value_blocks, options)) {
-          std::optional<TensorView> lse;
-          if (logsumexp) lse = detail::sequence_rows(*logsumexp, seq.q_begin, seq.q_len);
-          if (attend_over_runs(detail::sequence_view(query, seq.q_begin, seq.q_len), key_blocks,
-                               value_blocks, cached[s], seq.k_len,
-                               detail::sequence_view(output, seq.q_begin, seq.q_len),
-                               lse ? &*lse : nullptr, options, sequence_threads)) {
-            return;
-          }
-        }
-        std::optional<Tensor> key_copy, value_copy;
-        const TensorView k = cached_view(key_blocks, cached[s], seq.k_len, query.dtype, key_copy);
-        const TensorView v =
-            cached_view(value_blocks, cached[s], seq.k_len, query.dtype, value_copy);
+        const CachedKeys& keys = cached[s];
+        const TensorView q = detail::sequence_view(query, seq.q_begin, seq.q_len);
         AttentionOptions o = per_sequence;
         o.num_threads = sequence_threads;
         AttentionOutputViews outs;
         outs.output = detail::sequence_view(output, seq.q_begin, seq.q_len);
         if (logsumexp) outs.logsumexp = detail::sequence_rows(*logsumexp, seq.q_begin, seq.q_len);
-        scaled_dot_product_attention_into(detail::sequence_view(query, seq.q_begin, seq.q_len), k,
-                                          v, outs, o);
+        // Each sequence's keys gathered at most once (key_mass and a prefill chunk).
+        std::optional<Tensor> key_copy, value_copy;
+        std::optional<std::pair<TensorView, TensorView>> copies;
+        const auto gathered = [&]() -> const std::pair<TensorView, TensorView>& {
+          if (!copies) {
+            copies.emplace(
+                gathered_keys(key_blocks, key_scales, keys, seq.k_len, query.dtype, key_copy),
+                gathered_keys(value_blocks, value_scales, keys, seq.k_len, query.dtype,
+                              value_copy));
+          }
+          return *copies;
+        };
+        if (key_mass) {  // the listing's weights of this sequence, summed per key
+          write_key_mass(
+              q, gathered().first, gathered().second, per_sequence, sequence_threads,
+              key_mass->data_as<float>() + static_cast<int64_t>(s) * key_mass->strides[0],
+              key_mass->strides[1], keys.start);
+        }
+        if (blocks_in_place && seq.q_len <= kMaxDecodeQueries) {
+          detail::StoredKeys stored = blocks;
+          stored.table = keys.table + keys.first_block;
+          stored.length = seq.k_len;
+          detail::run_over_stored_keys(q, stored, outs, o);
+          return;
+        }
+        scaled_dot_product_attention_into(q, gathered().first, gathered().second, outs, o);
       });
 }
 
@@ -497,6 +340,44 @@ void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_
 // ---------------------------------------------------------------------------------------
 // PagedKvCache
 
+namespace {
+
+// (num_blocks, block_size, Hkv[, dim]) view of storage kept as (num_blocks, Hkv, block_size[,
+// dim]).
+TensorView block_major_view(const Tensor& storage) {
+  const Shape& s = storage.shape();
+  auto* data = const_cast<void*>(storage.data());
+  if (s.rank() == 3) {
+    return TensorView(data, storage.dtype(), Shape({s[0], s[2], s[1]}),
+                      Shape({s[1] * s[2], 1, s[2]}));
+  }
+  return TensorView(data, storage.dtype(), Shape({s[0], s[2], s[1], s[3]}),
+                    Shape({s[1] * s[2] * s[3], s[3], s[2] * s[3], 1}));
+}
+
+// Rows [row, row + count) of block b of a (num_blocks, block_size, Hkv[, dim]) view:
+// (count, Hkv[, dim]).
+TensorView rows_of(const TensorView& blocks, int64_t b, int64_t row, int64_t count) {
+  TensorView v = blocks;
+  v.data = static_cast<char*>(blocks.data) + (b * blocks.strides[0] + row * blocks.strides[1]) *
+                                                 static_cast<int64_t>(dtype_size(blocks.dtype));
+  v.shape = Shape::from(blocks.shape.data() + 1, blocks.rank() - 1);
+  v.shape[0] = count;
+  v.strides = Shape::from(blocks.strides.data() + 1, blocks.rank() - 1);
+  return v;
+}
+
+}  // namespace
+
+TensorView PagedKvCache::key_blocks() const { return block_major_view(keys_); }
+TensorView PagedKvCache::value_blocks() const { return block_major_view(values_); }
+TensorView PagedKvCache::key_scales() const {
+  return key_scales_.empty() ? TensorView() : block_major_view(key_scales_);
+}
+TensorView PagedKvCache::value_scales() const {
+  return value_scales_.empty() ? TensorView() : block_major_view(value_scales_);
+}
+
 PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {
   if (config_.value_dim == 0) config_.value_dim = config_.head_dim;
   if (config_.num_blocks < 1 || config_.num_blocks > INT32_MAX || config_.block_size < 1 ||
@@ -505,16 +386,18 @@ PagedKvCache::PagedKvCache(const KvCacheConfig& config) : config_(config) {
         "KvCacheConfig: num_blocks (up to 2^31 - 1), block_size, kv_heads, head_dim and "
         "value_dim must be >= 1");
   }
-  if (!detail::is_attention_float(config_.dtype) && config_.dtype != DType::kInt8) {
+  if (!detail::is_kv_format(config_.dtype)) {
     throw Error(std::string("KvCacheConfig: dtype ") + dtype_name(config_.dtype) +
-                " is not supported (float32, float16, bfloat16 or int8)");
+                " is not supported (float32, float16, bfloat16, int8, float8_e4m3 or "
+                "float8_e5m2)");
   }
-  keys_ = Tensor::zeros(config_.dtype, Shape({config_.num_blocks, config_.block_size,
-                                              config_.kv_heads, config_.head_dim}));
-  values_ = Tensor::zeros(config_.dtype, Shape({config_.num_blocks, config_.block_size,
-                                                config_.kv_heads, config_.value_dim}));
-  if (config_.dtype == DType::kInt8) {
-    const Shape scales({config_.num_blocks, config_.block_size, config_.kv_heads});
+  // Storage (num_blocks, Hkv, block_size, dim): see key_blocks().
+  keys_ = Tensor::zeros(config_.dtype, Shape({config_.num_blocks, config_.kv_heads,
+                                              config_.block_size, config_.head_dim}));
+  values_ = Tensor::zeros(config_.dtype, Shape({config_.num_blocks, config_.kv_heads,
+                                                config_.block_size, config_.value_dim}));
+  if (detail::is_scaled_kv_format(config_.dtype)) {
+    const Shape scales({config_.num_blocks, config_.kv_heads, config_.block_size});
     key_scales_ = Tensor::zeros(DType::kFloat32, scales);
     value_scales_ = Tensor::zeros(DType::kFloat32, scales);
   }
@@ -604,20 +487,11 @@ bool PagedKvCache::shared_tail(const Sequence& seq, int64_t count) const {
 
 void PagedKvCache::copy_tail_block(Sequence& seq) {
   // Copy on write: the filled rows of the shared last block into a block of its own.
-  const KvCacheConfig& c = config_;
   const int32_t from = seq.blocks.back(), to = take_block();
-  const int64_t rows = seq.length % c.block_size;
-  for (auto [storage, dim] : {std::pair{&keys_, c.head_dim}, std::pair{&values_, c.value_dim}}) {
-    const size_t row_bytes = static_cast<size_t>(c.kv_heads * dim) * dtype_size(c.dtype);
-    std::memcpy(storage->data_as<char>() + to * c.block_size * row_bytes,
-                storage->data_as<char>() + from * c.block_size * row_bytes,
-                static_cast<size_t>(rows) * row_bytes);
-  }
-  for (Tensor* scales : {&key_scales_, &value_scales_}) {
-    if (scales->empty()) continue;
-    float* base = scales->data_as<float>();
-    std::memcpy(base + to * c.block_size * c.kv_heads, base + from * c.block_size * c.kv_heads,
-                static_cast<size_t>(rows * c.kv_heads) * sizeof(float));
+  const int64_t rows = seq.length % config_.block_size;
+  for (const TensorView& v : {key_blocks(), value_blocks(), key_scales(), value_scales()}) {
+    if (v.data == nullptr) continue;  // no scales
+    convert(rows_of(v, from, 0, rows), rows_of(v, to, 0, rows));
   }
   release_block(from);
   seq.blocks.back() = to;
@@ -701,9 +575,10 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
     }
   }
   // The sequences are marked: their blocks are this thread's until the flags are cleared.
-  const auto write_rows = [&](const TensorView& source, const Tensor& storage, int64_t dim,
-                              const Tensor& scales) {
-    const auto element = static_cast<int64_t>(dtype_size(c.dtype));
+  // Rows of the new tokens into their blocks (views: key_blocks()), quantized with their
+  // scales for the scaled formats.
+  const auto write_rows = [&](const TensorView& source, const TensorView& blocks,
+                              const TensorView& scales) {
     for (const Write& w : writes) {
       for (int64_t t = 0; t < w.count;) {
         const int64_t position = w.first_token + t;
@@ -714,23 +589,28 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
         from.data =
             static_cast<char*>(source.data) +
             (w.source + t) * source.strides[0] * static_cast<int64_t>(dtype_size(source.dtype));
-        from.shape = Shape({rows, c.kv_heads, dim});
-        char* to_data = const_cast<char*>(storage.data_as<char>()) +
-                        ((b * c.block_size + row) * c.kv_heads * dim) * element;
-        if (c.dtype == DType::kInt8) {
-          float* scale =
-              const_cast<float*>(scales.data_as<float>()) + (b * c.block_size + row) * c.kv_heads;
-          quantize_rows(from, reinterpret_cast<int8_t*>(to_data), scale);
+        from.shape[0] = rows;
+        const TensorView to = rows_of(blocks, b, row, rows);
+        if (detail::is_scaled_kv_format(c.dtype)) {
+          // Codes and scales of (rows, Hkv) rows, contiguous, then into their places.
+          const int64_t dim = from.shape[2];
+          Tensor values(DType::kFloat32, from.shape), codes(c.dtype, from.shape);
+          Tensor row_scales(DType::kFloat32, Shape({rows, c.kv_heads}));
+          convert(from, values.view());
+          detail::quantize_kv_rows(c.dtype, values.data_as<float>(), rows * c.kv_heads, dim,
+                                   codes.data(), row_scales.data_as<float>());
+          convert(codes.view(), to);  // same dtype: a copy of the codes
+          convert(row_scales.view(), rows_of(scales, b, row, rows));
         } else {
-          convert(from, TensorView(to_data, c.dtype, Shape({rows, c.kv_heads, dim})));
+          convert(from, to);
         }
         t += rows;
       }
     }
   };
   try {
-    write_rows(rope ? rotated.view() : key, keys_, c.head_dim, key_scales_);
-    write_rows(value, values_, c.value_dim, value_scales_);
+    write_rows(rope ? rotated.view() : key, key_blocks(), key_scales());
+    write_rows(value, value_blocks(), value_scales());
   } catch (...) {
     const std::lock_guard<std::mutex> lock(mutex_);
     for (const Write& w : writes) w.seq->writing = false;
@@ -797,70 +677,11 @@ void PagedKvCache::attend(const std::vector<int64_t>& ids, const TensorView& que
       for (const Sequence* seq : readers) --seq->readers;
     }
   } release{mutex_, readers};
-  if (config_.dtype == DType::kInt8) {
-    if (key_mass) throw Error("PagedKvCache::attend: key_mass is not supported for int8 caches");
-    return attend_int8(readers, query, cu_seqlens_q, output, options, logsumexp);
-  }
-  paged_attention(query, cu_seqlens_q, keys_.view(), values_.view(), tables.view(), lengths.view(),
-                  output, options, logsumexp, key_mass, true);
-}
-
-void PagedKvCache::attend_int8(const std::vector<const Sequence*>& sequences,
-                               const TensorView& query, const TensorView& cu_seqlens_q,
-                               const TensorView& output, const AttentionOptions& options,
-                               const TensorView* logsumexp) const {
-  // The sequences are marked as read: their blocks stay as they are until this returns.
-  const KvCacheConfig& c = config_;
-  std::vector<int64_t> starts, kept;
-  int64_t total = 0;
-  for (size_t s = 0; s < sequences.size(); ++s) {
-    const Sequence& seq = *sequences[s];
-    int64_t first = 0;
-    while (first < static_cast<int64_t>(seq.blocks.size()) &&
-           seq.blocks[static_cast<size_t>(first)] < 0) {
-      ++first;
-    }
-    starts.push_back(std::min(seq.length, first * c.block_size));
-    kept.push_back(seq.length - starts.back());
-    total += kept.back();
-    if (starts.back() > 0 &&
-        (options.prefix > 0 ||
-         (options.causal && options.causal_alignment == CausalAlignment::kTopLeft))) {
-      throw Error("sequence " + std::to_string(s) +
-                  ": evicted blocks shift the positions that prefix and top-left causal "
-                  "alignment count from");
-    }
-  }
-  // Dequantized keys and values of every sequence, packed: x = scale·q.
-  const auto dequantize = [&](const Tensor& blocks, const Tensor& scales, int64_t dim) {
-    Tensor packed(DType::kFloat32, Shape({total, c.kv_heads, dim}));
-    float* out = packed.data_as<float>();
-    for (size_t s = 0; s < sequences.size(); ++s) {
-      const Sequence& seq = *sequences[s];
-      for (int64_t t = starts[s]; t < seq.length; ++t) {
-        const int64_t row =
-            seq.blocks[static_cast<size_t>(t / c.block_size)] * c.block_size + t % c.block_size;
-        const int8_t* q = blocks.data_as<int8_t>() + row * c.kv_heads * dim;
-        const float* scale = scales.data_as<float>() + row * c.kv_heads;
-        for (int64_t h = 0; h < c.kv_heads; ++h) {
-          for (int64_t e = 0; e < dim; ++e) *out++ = scale[h] * q[h * dim + e];
-        }
-      }
-    }
-    if (query.dtype == DType::kFloat32) return packed;
-    Tensor as_query(query.dtype, packed.shape());
-    convert(packed.view(), as_query.view());
-    return as_query;
-  };
-  const Tensor k = dequantize(keys_, key_scales_, c.head_dim);
-  const Tensor v = dequantize(values_, value_scales_, c.value_dim);
-  Tensor cu_k(DType::kInt32, Shape({static_cast<int64_t>(sequences.size()) + 1}));
-  cu_k.data_as<int32_t>()[0] = 0;
-  for (size_t s = 0; s < sequences.size(); ++s) {
-    cu_k.data_as<int32_t>()[s + 1] = cu_k.data_as<int32_t>()[s] + static_cast<int32_t>(kept[s]);
-  }
-  varlen_attention_into(query, k.view(), v.view(), cu_seqlens_q, cu_k.view(), output, options,
-                        logsumexp);
+  const TensorView key_scale_view = key_scales(), value_scale_view = value_scales();
+  paged_attention(query, cu_seqlens_q, key_blocks(), value_blocks(), tables.view(), lengths.view(),
+                  output, options, logsumexp, key_mass, true,
+                  key_scales_.empty() ? nullptr : &key_scale_view,
+                  value_scales_.empty() ? nullptr : &value_scale_view);
 }
 
 }  // namespace attend

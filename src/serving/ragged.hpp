@@ -37,9 +37,14 @@ void check_packed_output(const char* name, const TensorView& out, const Shape& e
 // Runs body(s, threads) for every sequence with queries: those with at least a thread's share
 // of the work one after another on all threads, then the rest in parallel on one thread
 // each, the largest first. Each sequence's result does not depend on its thread count.
+// `dims` (E + Ev) sizes the work: a batch with less than kMultiplyAddsPerThread
+// multiply-adds per thread uses fewer threads (a decoding step of a small model: waking and
+// joining threads would cost more than the work, and far more on a busy host).
+inline constexpr double kScheduleMultiplyAddsPerThread = 4194304.0;
+
 template <class Body>
-void schedule_sequences(const std::vector<RaggedSequence>& sequences, int64_t heads, int threads,
-                        const Body& body) {
+void schedule_sequences(const std::vector<RaggedSequence>& sequences, int64_t heads, int64_t dims,
+                        int threads, const Body& body) {
   std::vector<std::pair<double, size_t>> work;
   double total = 0;
   for (size_t s = 0; s < sequences.size(); ++s) {
@@ -49,6 +54,8 @@ void schedule_sequences(const std::vector<RaggedSequence>& sequences, int64_t he
     work.emplace_back(w, s);
     total += w;
   }
+  const double worth = total * static_cast<double>(dims) / kScheduleMultiplyAddsPerThread + 1;
+  threads = static_cast<int>(std::min<double>(threads, std::max(1.0, worth)));
   std::stable_sort(work.begin(), work.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   size_t first_small = 0;

@@ -103,17 +103,20 @@ void varlen_attention_into(const TensorView& query, const TensorView& key, const
   }
   AttentionOptions per_sequence = options;
   per_sequence.need_logsumexp = false;
-  schedule_sequences(sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
-    const RaggedSequence& seq = sequences[s];
-    AttentionOptions o = per_sequence;
-    o.num_threads = sequence_threads;
-    AttentionOutputViews outs;
-    outs.output = sequence_view(output, seq.q_begin, seq.q_len);
-    if (logsumexp) outs.logsumexp = sequence_rows(*logsumexp, seq.q_begin, seq.q_len);
-    scaled_dot_product_attention_into(sequence_view(query, seq.q_begin, seq.q_len),
-                                      sequence_view(key, seq.k_begin, seq.k_len),
-                                      sequence_view(value, seq.k_begin, seq.k_len), outs, o);
-  });
+  schedule_sequences(sequences, query.shape[1], query.shape[2] + value.shape[2], threads,
+                     [&](size_t s, int sequence_threads) {
+                       const RaggedSequence& seq = sequences[s];
+                       AttentionOptions o = per_sequence;
+                       o.num_threads = sequence_threads;
+                       AttentionOutputViews outs;
+                       outs.output = sequence_view(output, seq.q_begin, seq.q_len);
+                       if (logsumexp)
+                         outs.logsumexp = sequence_rows(*logsumexp, seq.q_begin, seq.q_len);
+                       scaled_dot_product_attention_into(
+                           sequence_view(query, seq.q_begin, seq.q_len),
+                           sequence_view(key, seq.k_begin, seq.k_len),
+                           sequence_view(value, seq.k_begin, seq.k_len), outs, o);
+                     });
 }
 
 Tensor varlen_attention(const TensorView& query, const TensorView& key, const TensorView& value,
@@ -164,22 +167,24 @@ void varlen_attention_backward_into(const TensorView& grad_output, const TensorV
       convert(Tensor::zeros(DType::kFloat32, view.shape).view(), view);
     }
   }
-  schedule_sequences(sequences, query.shape[1], threads, [&](size_t s, int sequence_threads) {
-    const RaggedSequence& seq = sequences[s];
-    AttentionOptions o = options;
-    o.num_threads = sequence_threads;
-    const auto q_rows = [&](const TensorView& t) {
-      return sequence_view(t, seq.q_begin, seq.q_len);
-    };
-    const auto k_rows = [&](const TensorView& t) {
-      return sequence_view(t, seq.k_begin, seq.k_len);
-    };
-    const AttentionGradientViews grads{q_rows(grad_query), k_rows(grad_key), k_rows(grad_value),
-                                       std::nullopt, std::nullopt};
-    scaled_dot_product_attention_backward_into(
-        q_rows(grad_output), q_rows(query), k_rows(key), k_rows(value), q_rows(output),
-        sequence_rows(logsumexp, seq.q_begin, seq.q_len), grads, o);
-  });
+  schedule_sequences(
+      sequences, query.shape[1], query.shape[2] + value.shape[2], threads,
+      [&](size_t s, int sequence_threads) {
+        const RaggedSequence& seq = sequences[s];
+        AttentionOptions o = options;
+        o.num_threads = sequence_threads;
+        const auto q_rows = [&](const TensorView& t) {
+          return sequence_view(t, seq.q_begin, seq.q_len);
+        };
+        const auto k_rows = [&](const TensorView& t) {
+          return sequence_view(t, seq.k_begin, seq.k_len);
+        };
+        const AttentionGradientViews grads{q_rows(grad_query), k_rows(grad_key), k_rows(grad_value),
+                                           std::nullopt, std::nullopt};
+        scaled_dot_product_attention_backward_into(
+            q_rows(grad_output), q_rows(query), k_rows(key), k_rows(value), q_rows(output),
+            sequence_rows(logsumexp, seq.q_begin, seq.q_len), grads, o);
+      });
 }
 
 }  // namespace attend

@@ -39,7 +39,6 @@ namespace {
 using bench::BenchCase;
 using bench::TargetKind;
 
-constexpr uint64_t kMaxThreads = 1 << 16;
 constexpr uint64_t kMaxRepetitions = 1000;
 constexpr double kMaxMinTime = 3600;
 
@@ -90,13 +89,10 @@ struct CaseResult {
   bench::CaseTarget target;  // the case's, or the fallback's where the CPU lacks the instruction
 };
 
-BenchSettings parse_settings(const BenchArguments& arguments) {
+BenchSettings parse_settings(const BenchArguments& arguments, const CLI::App& command) {
   BenchSettings settings;
   settings.json = arguments.json;
-  settings.threads =
-      arguments.threads_text.empty()
-          ? default_num_threads()
-          : static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
+  settings.threads = threads_from(command, arguments.threads_text, default_num_threads());
   settings.repetitions = static_cast<int>(
       parse_integer("--repetitions", arguments.repetitions_text, 1, kMaxRepetitions));
   settings.min_seconds = parse_number("--min-time", arguments.min_time_text);
@@ -262,7 +258,7 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
   }
   result.gflops = c.flops() / seconds / 1e9;
   result.pct_peak = 100.0 * result.gflops / result.peak_gflops;
-  result.gbps = c.shape.key_value_bytes() / seconds / 1e9;
+  result.gbps = c.key_value_bytes() / seconds / 1e9;
   if (memory_bound) result.pct_read = 100.0 * result.gbps / result.read_gbps;
   if (c.need_weights) {
     // The same problem without weights (reused when that case already ran), plus the time
@@ -430,17 +426,10 @@ void run_ring(const BenchArguments& arguments, const CLI::App& command) {
         "--ring-shape", arguments.ring_shape.substr(at, comma - at), 1, int64_t{1} << 31));
     at = comma + 1;
   }
-  s.threads =
-      arguments.threads_text.empty()
-          ? 1
-          : static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
+  s.threads = threads_from(command, arguments.threads_text, 1);
   if (command.count("--repetitions") > 0) {
     s.repetitions = static_cast<int>(
         parse_integer("--repetitions", arguments.repetitions_text, 1, kMaxRepetitions));
-  }
-  if (arguments.ring_causal != "both" && arguments.ring_causal != "yes" &&
-      arguments.ring_causal != "no") {
-    throw Error("--ring-causal must be both, yes or no, got " + arguments.ring_causal);
   }
   s.causal = arguments.ring_causal != "no";
   s.non_causal = arguments.ring_causal != "yes";
@@ -454,8 +443,8 @@ void run_ring(const BenchArguments& arguments, const CLI::App& command) {
 #endif
 }
 
-void run_bench(const BenchArguments& arguments) {
-  const BenchSettings settings = parse_settings(arguments);
+void run_bench(const BenchArguments& arguments, const CLI::App& command) {
+  const BenchSettings settings = parse_settings(arguments, command);
   const std::string simd_target = active_simd_target();
   if (!settings.json) {
     std::printf(
@@ -488,28 +477,37 @@ Command add_bench_command(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "bench", "Time the named attention cases (median of repetitions) against their targets");
   command->add_flag("--json", arguments->json, "one JSON object per case and line on stdout");
-  command->add_option("--threads", arguments->threads_text,
-                      "threads for the multi-threaded cases, >= 1 (default: all)");
+  add_threads_option(*command, arguments->threads_text,
+                     "all; --ring: 1 per rank; the single-thread cases keep 1");
   command
       ->add_option("--case", arguments->case_names,
                    "case(s) to run (default: all): " + bench::known_case_names())
+      ->type_name("NAME[,NAME...]")
       ->delimiter(',');
-  command->add_option("--repetitions", arguments->repetitions_text,
-                      "timed repetitions per case, the median is reported (default 5)");
-  command->add_option("--min-time", arguments->min_time_text,
-                      "seconds each repetition lasts at least (default 0.2)");
+  command
+      ->add_option("--repetitions", arguments->repetitions_text,
+                   "timed repetitions per case, the median is reported (default 5)")
+      ->type_name("INT");
+  command
+      ->add_option("--min-time", arguments->min_time_text,
+                   "seconds each repetition lasts at least (default 0.2)")
+      ->type_name("FLOAT");
   command->add_flag("--ring", arguments->ring,
                     "context parallelism under mpirun: 1 rank against N ranks (ring, Ulysses)");
-  command->add_option("--ring-shape", arguments->ring_shape,
-                      "--ring's whole problem B,H,L,E (default 1,8,16384,64)");
-  command->add_option("--ring-causal", arguments->ring_causal, "--ring: both (default), yes or no");
+  command
+      ->add_option("--ring-shape", arguments->ring_shape,
+                   "--ring's whole problem B,H,L,E (default 1,8,16384,64)")
+      ->type_name("INT,INT,INT,INT");
+  command->add_option("--ring-causal", arguments->ring_causal, "--ring: both (default), yes or no")
+      ->type_name("CHOICE")
+      ->check(CLI::IsMember({"both", "yes", "no"}));
   command->add_flag("--ring-no-baseline", arguments->ring_no_baseline,
                     "--ring: skip the 1-rank baseline");
   return {command, [arguments, command] {
             if (arguments->ring) {
               run_ring(*arguments, *command);
             } else {
-              run_bench(*arguments);
+              run_bench(*arguments, *command);
             }
           }};
 }

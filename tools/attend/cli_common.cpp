@@ -1,32 +1,27 @@
 // cli_common.cpp: helpers shared by the attend subcommands.
 #include "cli_common.hpp"
 
-#include <cerrno>
-#include <cstdlib>
 #include <filesystem>
-#include <iostream>
 #include <memory>
 
 #include "attend/error.hpp"
 #include "attend/npy.hpp"
-#include "quote.hpp"
 
 namespace attend::cli {
 
 namespace fs = std::filesystem;
 
-void print_error(const std::string& message) {
-  std::string line;
-  for (char c : message) {
-    if (c == '\n') {
-      line += "; ";
-    } else if (c != '\r') {
-      line += c;
-    }
-  }
-  while (!line.empty() && (line.back() == ' ' || line.back() == ';')) line.pop_back();
-  std::cerr << "error: " << detail::printable_for_message(line, std::string::npos) << '\n'
-            << std::flush;
+void add_threads_option(CLI::App& command, std::string& text, const std::string& when_absent) {
+  command
+      .add_option("--threads", text,
+                  "threads to use, 1 to " + std::to_string(kMaxThreads) + " (default " +
+                      when_absent + "); results are the same bits at any count")
+      ->type_name("INT");
+}
+
+int threads_from(const CLI::App& command, const std::string& text, int when_absent) {
+  if (command.count("--threads") == 0) return when_absent;
+  return static_cast<int>(parse_integer("--threads", text, 1, kMaxThreads));
 }
 
 Tensor read_input(const std::string& option, const std::string& path) {
@@ -35,39 +30,6 @@ Tensor read_input(const std::string& option, const std::string& path) {
   } catch (const Error& e) {
     throw Error(option + " " + e.what());
   }
-}
-
-double parse_number(const std::string& option, const std::string& text) {
-  const char* begin = text.c_str();
-  char* end = nullptr;
-  errno = 0;
-  const double value = std::strtod(begin, &end);
-  if (text.empty() || end == begin || *end != '\0') {
-    throw Error(option + ": " + detail::quote_for_message(text) + " is not a number");
-  }
-  if (errno == ERANGE && (value > 1 || value < -1)) {
-    throw Error(option + ": " + detail::quote_for_message(text) + " is out of range");
-  }
-  return value;
-}
-
-uint64_t parse_integer(const std::string& option, const std::string& text, uint64_t minimum,
-                       uint64_t maximum) {
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) {
-    throw Error(option + ": " + detail::quote_for_message(text) + " is not a non-negative integer");
-  }
-  uint64_t value = 0;
-  for (char digit : text) {
-    if (__builtin_mul_overflow(value, 10, &value) ||
-        __builtin_add_overflow(value, static_cast<uint64_t>(digit - '0'), &value)) {
-      throw Error(option + ": " + detail::quote_for_message(text) + " is out of range");
-    }
-  }
-  if (value < minimum || value > maximum) {
-    throw Error(option + " must be in [" + std::to_string(minimum) + ", " +
-                std::to_string(maximum) + "], got " + text);
-  }
-  return value;
 }
 
 void check_output_path(const std::string& option, const std::string& path) {
@@ -115,6 +77,21 @@ void write_outputs(const std::vector<OutputFile>& files) {
 
 std::string describe(const std::string& path, const TensorView& contents) {
   return path + " " + contents.shape.str() + " " + dtype_name(contents.dtype);
+}
+
+std::string wrote(const std::vector<std::string>& items) {
+  std::string summary = "wrote ";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) summary += i + 1 == items.size() ? " and " : ", ";
+    summary += items[i];
+  }
+  return summary;
+}
+
+std::string wrote(const std::vector<OutputFile>& files) {
+  std::vector<std::string> items;
+  for (const OutputFile& file : files) items.push_back(describe(file.path, file.contents));
+  return wrote(items);
 }
 
 }  // namespace attend::cli

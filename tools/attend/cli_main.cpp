@@ -32,20 +32,36 @@ using attend::cli::print_error;
 
 namespace {
 
+// Options renamed since: the message that replaces "unknown option".
+const attend::support::RetiredOptions kRetiredOptions = {
+    {"sdpa",
+     {{"--weights",
+       "--weights is now --out-weights (the attention weights to write), the name every "
+       "subcommand uses; `attend mha --weights` reads a module's parameters"}}},
+    {"mha",
+     {{"--attn-weights",
+       "--attn-weights is now --out-weights (the attention weights to write), the name every "
+       "subcommand uses"}}},
+};
+
 // What to say when no subcommand was recognised: CLI11 reports only "A subcommand is
 // required", even when the first word is a misspelt one.
 std::string missing_subcommand_message(const CLI::App& app, int argc, char** argv,
                                        const CLI::ParseError& error) {
   std::string names;
+  std::vector<std::string> known;
   for (const CLI::App* subcommand : app.get_subcommands({})) {
     names += (names.empty() ? "" : ", ") + subcommand->get_name();
+    known.push_back(subcommand->get_name());
   }
   if (argc > 1 && argv[1] != nullptr && argv[1][0] != '-') {
+    const std::string nearest = attend::support::nearest_name(argv[1], known);
     return "unknown subcommand " + attend::detail::quote_for_message(argv[1]) +
-           " (available: " + names + ")";
+           (nearest.empty() ? "" : "; did you mean " + nearest + "?") + " (available: " + names +
+           ")";
   }
   if (argc <= 1) return "a subcommand is required (" + names + "); see attend --help";
-  return error.what();
+  return attend::support::parse_error_message(app, error, argc, argv);
 }
 
 }  // namespace
@@ -81,8 +97,9 @@ int attend_cli_main(int argc, char** argv) {
     } catch (const CLI::Success& e) {  // --help, --version
       return app.exit(e);
     } catch (const CLI::ParseError& e) {
-      print_error(app.get_subcommands().empty() ? missing_subcommand_message(app, argc, argv, e)
-                                                : std::string(e.what()));
+      print_error(app.get_subcommands().empty()
+                      ? missing_subcommand_message(app, argc, argv, e)
+                      : attend::support::parse_error_message(app, e, argc, argv, kRetiredOptions));
       return kExitError;
     }
     for (const Command& command : commands) {

@@ -24,9 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Far above any core count; keeps the value an int.
-constexpr uint64_t kMaxThreads = 1 << 16;
-
 struct DemoArguments {
   std::string out_dir = "attend-demo";
   std::string threads_text;
@@ -45,12 +42,9 @@ void prepare_out_dir(const std::string& directory) {
   }
 }
 
-void run_demo(const DemoArguments& arguments) {
+void run_demo(const DemoArguments& arguments, const CLI::App& demo) {
   DemoSettings settings;
-  if (!arguments.threads_text.empty()) {
-    settings.num_threads =
-        static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
-  }
+  settings.num_threads = threads_from(demo, arguments.threads_text, 0);
   const std::string simd_target = active_simd_target();  // throws for a bad ATTEND_MAX_SIMD
   prepare_out_dir(arguments.out_dir);
 
@@ -80,8 +74,8 @@ void run_demo(const DemoArguments& arguments) {
         std::make_unique<support::StagedTextFile>("--out-dir", paths.back(), picture.svg));
   }
   for (auto& file : staged) file->commit();
-  std::cout << "\nAll four scenes in " << static_cast<int64_t>(elapsed + 0.5) << " ms. Wrote:\n";
-  for (const std::string& path : paths) std::cout << "  " << path << '\n';
+  std::cout << "\nAll four scenes in " << static_cast<int64_t>(elapsed + 0.5) << " ms; "
+            << wrote(paths) << '\n';
 }
 
 }  // namespace
@@ -95,9 +89,8 @@ Command add_demo_command(CLI::App& app) {
   demo->add_option("--out-dir", arguments->out_dir,
                    "directory for the SVG pictures (created if missing; default attend-demo)")
       ->type_name("DIR");
-  demo->add_option("--threads", arguments->threads_text, "threads to use, >= 1 (default: all)")
-      ->type_name("INT");
-  return {demo, [arguments] { run_demo(*arguments); }};
+  add_threads_option(*demo, arguments->threads_text, "all");
+  return {demo, [arguments, demo] { run_demo(*arguments, *demo); }};
 }
 
 }  // namespace attend::cli

@@ -322,7 +322,8 @@ std::string unet_figure(const Tensor& feature_map, const std::vector<QueryPixel>
   svg::Document document(16 + (panel + kGap) * panels + 70, kTop + panel + 70);
   draw_titles(document, "U-Net attention block: where a pixel looks",
               "SpatialSelfAttention(128 channels, 4 heads of 32) on a (1, 128, 64, 64) feature "
-              "map: 4096 positions. Weights averaged over heads; ring = query pixel.");
+              "map: 4096 positions. Weights averaged over heads; ring = query pixel, at (row, "
+              "column) from the top left.");
 
   // Panel 0: the input, channel 0, on its own scale.
   svg::Heatmap input;
@@ -333,7 +334,28 @@ std::string unet_figure(const Tensor& feature_map, const std::vector<QueryPixel>
   input.value_min = *std::min_element(input.values.begin(), input.values.end());
   input.value_max = *std::max_element(input.values.begin(), input.values.end());
   input.colour_levels = 32;
+  for (const Blob& blob : kBlobs) {
+    input.markers.push_back({static_cast<int64_t>(blob.row), static_cast<int64_t>(blob.column)});
+  }
   svg::draw_heatmap(document, 16, kTop, kCell, input);
+  // Each blob's name and centre, (row, column), on a dark tag beside its ring: right of it, or
+  // left where the tag would leave the panel.
+  svg::TextStyle tag;
+  tag.size = 10;
+  tag.bold = true;
+  tag.fill = "#ffffff";
+  for (const Blob& blob : kBlobs) {
+    const std::string text = formatted("%s (%.0f, %.0f)", blob.name, blob.row, blob.column);
+    const double width = 6.2 * static_cast<double>(text.size()) + 6;
+    const double cx = 16 + kCell * (blob.column + 0.5), cy = kTop + kCell * (blob.row + 0.5);
+    const double left = cx + 9 + width <= 16 + panel ? cx + 9 : cx - 9 - width;
+    document.rect(left, cy - 8, width, 15, "#222222");
+    document.text(left + 3, cy + 3.5, text, tag);
+  }
+  svg::TextStyle axes;
+  axes.size = 10;
+  axes.fill = "#555555";
+  document.text(16, kTop + panel + 16, "(row, column): row 0-63 down, column 0-63 across", axes);
 
   const int64_t pixels = kMapSize * kMapSize;
   double largest = 0;
@@ -471,20 +493,34 @@ namespace {
 constexpr int64_t kImageSize = 32, kPatch = 8, kVitDim = 64, kVitHeads = 4;
 constexpr int64_t kPatchesPerSide = kImageSize / kPatch;
 
-// (1, 3, 32, 32) RGB in [0, 1]: a sky gradient, a sun, a house and grass.
+// (1, 3, 32, 32) RGB in [0, 1]: a landscape drawn so that no two 8 × 8 patches look alike
+// (a plain sky would make whole rows of patches, and so of weights, the same): a sky gradient
+// with a cloud and a sun, a house with a roof, window and door, a tree, a pond, and grass with
+// flowers.
 Tensor synthetic_image() {
   Tensor image(DType::kFloat32, Shape({1, 3, kImageSize, kImageSize}));
   float* data = image.data_as<float>();
   const int64_t plane = kImageSize * kImageSize;
   for (int64_t y = 0; y < kImageSize; ++y) {
     for (int64_t x = 0; x < kImageSize; ++x) {
-      const double t = static_cast<double>(y) / kImageSize;
-      std::array<double, 3> rgb = {0.45 + 0.3 * t, 0.65 + 0.2 * t, 0.95};  // sky
-      const double sun = std::hypot(static_cast<double>(y) - 7, static_cast<double>(x) - 25);
-      if (sun < 5) rgb = {1.0, 0.85, 0.2};
-      if (y >= 24) rgb = {0.25, 0.6 + 0.1 * std::sin(static_cast<double>(x)), 0.2};  // grass
-      if (y >= 14 && y < 24 && x >= 5 && x < 15) rgb = {0.75, 0.2, 0.15};            // house
-      if (y >= 18 && y < 24 && x >= 9 && x < 12) rgb = {0.35, 0.2, 0.1};             // door
+      const auto fy = static_cast<double>(y), fx = static_cast<double>(x);
+      const double t = fy / kImageSize;
+      std::array<double, 3> rgb = {0.25 + 0.5 * t, 0.45 + 0.35 * t, 0.95 - 0.1 * t};  // sky
+      if (std::hypot((fy - 5) * 1.8, fx - 9) < 6) rgb = {0.97, 0.97, 0.97};           // cloud
+      if (std::hypot(fy - 6, fx - 26) < 4.5) rgb = {1.0, 0.85, 0.2};                  // sun
+      if (y >= 20) {  // grass, darker stripes, flowers
+        rgb = {0.2, 0.55 + 0.15 * std::sin(fx * 1.3 + fy), 0.18};
+        if ((x * 7 + y * 3) % 11 == 0) rgb = {0.95, 0.3, 0.6};
+      }
+      if (std::hypot((fy - 27) * 1.6, fx - 24) < 6) rgb = {0.1, 0.3, 0.8};  // pond
+      if (y >= 11 && y < 14 && x >= 3 + (13 - y) && x < 15 - (13 - y)) {
+        rgb = {0.45, 0.12, 0.1};  // roof
+      }
+      if (y >= 14 && y < 24 && x >= 4 && x < 14) rgb = {0.8, 0.25, 0.15};  // wall
+      if (y >= 16 && y < 19 && x >= 5 && x < 8) rgb = {0.7, 0.9, 1.0};     // window
+      if (y >= 18 && y < 24 && x >= 10 && x < 13) rgb = {0.35, 0.2, 0.1};  // door
+      if (y >= 17 && y < 26 && x >= 18 && x < 20) rgb = {0.4, 0.25, 0.1};  // trunk
+      if (std::hypot(fy - 14, fx - 19) < 5) rgb = {0.05, 0.35 + 0.1 * std::sin(fx * fy), 0.1};
       for (int64_t c = 0; c < 3; ++c) {
         data[c * plane + y * kImageSize + x] = static_cast<float>(rgb[static_cast<size_t>(c)]);
       }
@@ -551,8 +587,11 @@ std::string vit_figure(const Tensor& image, const std::vector<std::vector<double
     document.line(16 + offset, kTop, 16 + offset, kTop + panel, "#ffffff", 1);
     document.line(16, kTop + offset, 16 + panel, kTop + offset, "#ffffff", 1);
   }
-  double largest = 0;
+  // One colour scale for every panel, from the smallest weight to the largest: weights near
+  // the uniform 1/17 would all look alike on a scale from 0.
+  double smallest = 1, largest = 0;
   for (const auto& weights : class_weights) {
+    smallest = std::min(smallest, *std::min_element(weights.begin(), weights.end()));
     largest = std::max(largest, *std::max_element(weights.begin(), weights.end()));
   }
   for (size_t h = 0; h < class_weights.size(); ++h) {
@@ -561,17 +600,21 @@ std::string vit_figure(const Tensor& image, const std::vector<std::vector<double
         h + 1 == class_weights.size() ? std::string("mean over heads") : formatted("head %zu", h);
     map.rows = map.columns = kPatchesPerSide;
     map.values = class_weights[h];
+    map.value_min = smallest;
     map.value_max = largest;
     map.show_values = true;
+    map.value_decimals = 3;  // near 1/17: 0.057 and 0.064 differ, 0.06 and 0.06 would not
     svg::draw_heatmap(document, 16 + (panel + kGap) * static_cast<double>(h + 1), kTop, kCell, map);
   }
-  svg::draw_colour_bar(document, document.width() - 60, kTop, 14, panel, 0, largest, "weight", 2);
+  svg::draw_colour_bar(document, document.width() - 60, kTop, 14, panel, smallest, largest,
+                       "weight", 2);
   svg::TextStyle note;
   note.size = 10;
   note.fill = "#777777";
   document.text(16, document.height() - 12,
-                "The rest of each row goes to the class token itself. Weights are seeded "
-                "initializations, not trained.",
+                "Colours run from the smallest weight shown to the largest (uniform: 1/17 = "
+                "0.059); the rest of each row goes to the class token itself. Weights are "
+                "seeded initializations, not trained.",
                 note);
   return document.str();
 }
@@ -588,7 +631,8 @@ DemoPicture run_vit_scene(const DemoSettings& settings, std::ostream& out) {
   Tensor tokens = patches.forward(image.view(), settings.num_threads);
   const int64_t count = tokens.shape()[1];
   out << formatted(
-      "   image %s (synthetic: sky, sun, house, grass) -> %lld patches of %lld x "
+      "   image %s (synthetic: sky, cloud, sun, house, tree, pond, grass) -> %lld patches of %lld "
+      "x "
       "%lld + class token -> tokens %s\n",
       image.shape().str().c_str(), static_cast<long long>(kPatchesPerSide * kPatchesPerSide),
       static_cast<long long>(kPatch), static_cast<long long>(kPatch), tokens.shape().str().c_str());

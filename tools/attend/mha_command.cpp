@@ -1,5 +1,5 @@
 // mha_command.cpp: `attend mha --query X.npy [--key K.npy --value V.npy] --weights W.safetensors
-// --heads H ... --out O.npy [--attn-weights A.npy [--average-heads]]`.
+// --heads H ... --out O.npy [--out-weights A.npy [--average-heads]]`.
 //
 // The weights are a torch.nn.MultiheadAttention state_dict saved as safetensors; the module's
 // shape is read from it (embed_dim from out_proj.weight, kdim and vdim from k_proj_weight and
@@ -22,8 +22,6 @@
 namespace attend::cli {
 namespace {
 
-// Far above any core count; keeps the value an int.
-constexpr uint64_t kMaxThreads = 1 << 16;
 // Far above any real model; keeps embed_dim / heads meaningful.
 constexpr uint64_t kMaxHeads = 1 << 20;
 
@@ -129,28 +127,25 @@ MultiHeadAttention load_module(const std::string& path, int64_t num_heads) {
   return module;
 }
 
-void run_mha(const MhaArguments& arguments) {
+void run_mha(const MhaArguments& arguments, const CLI::App& mha) {
   // 1. Options that need no file.
   const auto num_heads =
       static_cast<int64_t>(parse_integer("--heads", arguments.heads_text, 1, kMaxHeads));
   MultiHeadForwardOptions options;
   options.causal = arguments.causal;
-  if (!arguments.threads_text.empty()) {
-    options.num_threads =
-        static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
-  }
+  options.num_threads = threads_from(mha, arguments.threads_text, 0);
   if (arguments.key_path.empty() != arguments.value_path.empty()) {
     throw Error(
         "--key and --value go together (give both for cross-attention, neither for "
         "self-attention)");
   }
   if (arguments.average_heads && arguments.attention_weights_path.empty()) {
-    throw Error("--average-heads needs --attn-weights");
+    throw Error("--average-heads needs --out-weights");
   }
   options.need_weights = !arguments.attention_weights_path.empty();
   options.average_weights_over_heads = arguments.average_heads;
   check_output_path("--out", arguments.output_path);
-  if (options.need_weights) check_output_path("--attn-weights", arguments.attention_weights_path);
+  if (options.need_weights) check_output_path("--out-weights", arguments.attention_weights_path);
 
   // 2. The module, then the inputs.
   const MultiHeadAttention module = load_module(arguments.weights_path, num_heads);
@@ -201,14 +196,10 @@ void run_mha(const MhaArguments& arguments) {
   // 4. Outputs, all or nothing.
   std::vector<OutputFile> outputs = {{"--out", arguments.output_path, output.view()}};
   if (options.need_weights) {
-    outputs.push_back({"--attn-weights", arguments.attention_weights_path, result.weights.view()});
+    outputs.push_back({"--out-weights", arguments.attention_weights_path, result.weights.view()});
   }
   write_outputs(outputs);
-  std::string summary = "wrote " + describe(arguments.output_path, output.view());
-  if (options.need_weights) {
-    summary += " and " + describe(arguments.attention_weights_path, result.weights.view());
-  }
-  std::cout << summary << '\n';
+  std::cout << wrote(outputs) << '\n';
 }
 
 }  // namespace
@@ -241,14 +232,13 @@ Command add_mha_command(CLI::App& app) {
               "attn_mask (L, S) or (N·heads, L, S), bool or integer: zero excludes the key "
               "(the opposite of PyTorch's bool attn_mask)");
   mha->add_flag("--causal", arguments->causal, "query i sees key j only when j <= i + S - L");
-  mha->add_option("--threads", arguments->threads_text, "threads to use, >= 1 (default: all)")
-      ->type_name("INT");
+  add_threads_option(*mha, arguments->threads_text, "all");
   file_option("--out", arguments->output_path, "output (N, L, E), dtype of the query")->required();
-  file_option("--attn-weights", arguments->attention_weights_path,
+  file_option("--out-weights", arguments->attention_weights_path,
               "also write the attention weights, float32: (N, heads, L, S) per head");
   mha->add_flag("--average-heads", arguments->average_heads,
                 "write the weights averaged over heads, (N, L, S)");
-  return {mha, [arguments] { run_mha(*arguments); }};
+  return {mha, [arguments, mha] { run_mha(*arguments, *mha); }};
 }
 
 }  // namespace attend::cli

@@ -27,23 +27,17 @@
 #include "attend/npy.hpp"
 #include "attend/sdpa.hpp"
 #include "mpi_session.hpp"
+#include "score_rule_options.hpp"
 
 namespace attend::cli {
 namespace {
 
-constexpr uint64_t kMaxThreads = 1 << 16;
-
 struct RingArguments {
   std::string query_path, key_path, value_path, output_path, lse_path;
-  bool causal = false;
-  std::string causal_align = "bottom-right";
-  std::string window_text;
-  bool alibi = false;
-  std::string softcap_text, scale_text, dropout_text, seed_text;
+  ScoreRuleArguments rules;  // shared with `attend sdpa`
   std::string layout = "contiguous";
   std::string method = "ring";
-  std::string threads_text = "1";
-  std::string backend = "auto";
+  std::string threads_text;
   bool quiet = false;
 };
 
@@ -87,37 +81,9 @@ void on_every_rank(MPI_Comm comm, const F& step) {
 }
 
 AttentionOptions options_from(const RingArguments& a, const CLI::App& command) {
-  const auto given = [&](const char* name) { return command.count(name) > 0; };
   AttentionOptions o;
-  o.causal = a.causal;
-  if (a.causal_align == "top-left") {
-    o.causal_alignment = CausalAlignment::kTopLeft;
-  } else if (a.causal_align != "bottom-right") {
-    throw Error("--causal-align must be bottom-right or top-left, got " + a.causal_align);
-  }
-  if (given("--window")) {
-    const size_t comma = a.window_text.find(',');
-    const auto side = [](const std::string& text) {
-      return text == "-1" ? kUnboundedWindow
-                          : static_cast<int64_t>(parse_integer("--window", text, 0, INT64_MAX));
-    };
-    o.window =
-        SlidingWindow{side(a.window_text.substr(0, comma)),
-                      comma == std::string::npos ? 0 : side(a.window_text.substr(comma + 1))};
-  }
-  o.alibi = a.alibi;
-  if (given("--softcap")) o.softcap = parse_number("--softcap", a.softcap_text);
-  if (given("--scale")) o.scale = parse_number("--scale", a.scale_text);
-  if (given("--dropout")) o.dropout = parse_number("--dropout", a.dropout_text);
-  if (given("--seed")) o.seed = parse_integer("--seed", a.seed_text, 0, UINT64_MAX);
-  o.num_threads = static_cast<int>(parse_integer("--threads", a.threads_text, 1, kMaxThreads));
-  if (a.backend == "fused") {
-    o.backend = Backend::kFused;
-  } else if (a.backend == "reference") {
-    o.backend = Backend::kReference;
-  } else if (a.backend != "auto") {
-    throw Error("--backend must be auto, fused or reference, got " + a.backend);
-  }
+  apply_score_rule_options(a.rules, command, o);
+  o.num_threads = threads_from(command, a.threads_text, 1);
   return o;
 }
 
@@ -375,25 +341,26 @@ Command add_ring_command(CLI::App& app) {
       "Attention with the sequence split over MPI ranks (run under mpirun): ring or "
       "head-parallel (Ulysses)");
   c->add_option("--query", a->query_path, "Q.npy (..., Lq, E), or per-rank q_{rank}.npy")
+      ->type_name("FILE")
       ->required();
-  c->add_option("--key", a->key_path, "K.npy (..., Lk, E), or per-rank k_{rank}.npy")->required();
+  c->add_option("--key", a->key_path, "K.npy (..., Lk, E), or per-rank k_{rank}.npy")
+      ->type_name("FILE")
+      ->required();
   c->add_option("--value", a->value_path, "V.npy (..., Lk, Ev), or per-rank v_{rank}.npy")
+      ->type_name("FILE")
       ->required();
   c->add_option("--out", a->output_path, "output .npy (gathered by rank 0), or o_{rank}.npy")
+      ->type_name("FILE")
       ->required();
-  c->add_option("--lse", a->lse_path, "log-sum-exp .npy (..., Lq), as --out");
-  c->add_flag("--causal", a->causal, "causal attention");
-  c->add_option("--causal-align", a->causal_align, "bottom-right (default) or top-left");
-  c->add_option("--window", a->window_text, "sliding window LEFT,RIGHT (-1: unbounded)");
-  c->add_flag("--alibi", a->alibi, "ALiBi with the default slopes");
-  c->add_option("--softcap", a->softcap_text, "logit soft-capping");
-  c->add_option("--scale", a->scale_text, "scale of Q·Kᵀ (default 1/sqrt(E))");
-  c->add_option("--dropout", a->dropout_text, "dropout probability");
-  c->add_option("--seed", a->seed_text, "dropout seed");
-  c->add_option("--layout", a->layout, "contiguous (default) or zigzag (balanced causal work)");
-  c->add_option("--method", a->method, "ring (default) or ulysses (heads over ranks)");
-  c->add_option("--threads", a->threads_text, "threads per rank (default 1)");
-  c->add_option("--backend", a->backend, "auto (default), fused or reference");
+  c->add_option("--lse", a->lse_path, "log-sum-exp .npy (..., Lq), as --out")->type_name("FILE");
+  add_score_rule_options(*c, a->rules);
+  c->add_option("--layout", a->layout, "contiguous (default) or zigzag (balanced causal work)")
+      ->type_name("CHOICE")
+      ->check(CLI::IsMember({"contiguous", "zigzag"}));
+  c->add_option("--method", a->method, "ring (default) or ulysses (heads over ranks)")
+      ->type_name("CHOICE")
+      ->check(CLI::IsMember({"ring", "ulysses"}));
+  add_threads_option(*c, a->threads_text, "1 per rank");
   c->add_flag("--quiet", a->quiet, "no summary line");
   return {c, [a, c] { run_ring(*a, *c); }};
 }

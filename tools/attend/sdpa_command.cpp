@@ -19,37 +19,27 @@
 #include "attend/error.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
+#include "score_rule_options.hpp"
 
 namespace attend::cli {
 namespace {
 
-// Far above any core count; keeps the value an int.
-constexpr uint64_t kMaxThreads = 1 << 16;
-
 struct SdpaArguments {
   std::string query_path, key_path, value_path;
   std::string mask_path, bias_path;
-  std::string output_path, weights_path;
+  std::string output_path, out_weights_path;
   // The backward pass: dO in, dQ, dK, dV and optionally dBias out.
   std::string grad_output_path;
   std::string grad_query_path, grad_key_path, grad_value_path, grad_bias_path;
-  bool causal = false;
-  // The score rules (attend/score_rules.hpp).
-  std::string causal_align = "bottom-right";
-  std::string window_text;
-  bool alibi = false;
+  // The score rules (attend/score_rules.hpp): those `attend ring` shares, then sdpa's own.
+  ScoreRuleArguments rules;
   std::string alibi_slopes_path;
-  std::string softcap_text;
   std::string sinks_path, grad_sinks_path;
   std::string segment_query_path, segment_key_path;
   std::string prefix_text;
   std::string kv_heads_text;
-  std::string scale_text;
-  std::string dropout_text;
-  std::string seed_text;
   bool zero_masked_rows = false;
   std::string threads_text;
-  std::string backend = "auto";
   std::string compute_dtype = "auto";
 };
 
@@ -112,12 +102,6 @@ void check_grad_output(const std::string& path, const Tensor& grad_output, const
   }
 }
 
-Backend parse_backend(const std::string& name) {
-  if (name == "fused") return Backend::kFused;
-  if (name == "reference") return Backend::kReference;
-  return Backend::kAuto;
-}
-
 ComputePrecision parse_compute_dtype(const std::string& name) {
   if (name == "fp32") return ComputePrecision::kFloat32;
   if (name == "bf16") return ComputePrecision::kBFloat16;
@@ -130,45 +114,10 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
   const auto given = [&](const char* option) { return sdpa.count(option) > 0; };
   // 1. Options that need no file.
   AttentionOptions options;
-  options.causal = arguments.causal;
-  if (given("--scale")) {
-    const double scale = parse_number("--scale", arguments.scale_text);
-    if (!std::isfinite(scale)) {
-      throw Error("--scale must be a finite number, got '" + arguments.scale_text + "'");
-    }
-    options.scale = scale;
-  }
-  if (given("--dropout")) {
-    options.dropout = parse_number("--dropout", arguments.dropout_text);
-    if (!(options.dropout >= 0.0 && options.dropout < 1.0)) {
-      throw Error("--dropout must be in [0, 1), got '" + arguments.dropout_text + "'");
-    }
-  }
-  if (given("--seed")) {
-    options.seed = parse_integer("--seed", arguments.seed_text, 0, UINT64_MAX);
-  }
+  apply_score_rule_options(arguments.rules, sdpa, options);
   options.fully_masked_rows =
       arguments.zero_masked_rows ? FullyMaskedRows::kZero : FullyMaskedRows::kUniform;
-  if (given("--threads")) {
-    options.num_threads =
-        static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
-  }
-  options.causal_alignment = arguments.causal_align == "top-left" ? CausalAlignment::kTopLeft
-                                                                  : CausalAlignment::kBottomRight;
-  if (given("--window")) {
-    // LEFT or LEFT,RIGHT (RIGHT defaults to 0); -1 leaves a side unbounded.
-    const size_t comma = arguments.window_text.find(',');
-    SlidingWindow window;
-    const auto side = [](const std::string& text) {
-      return text == "-1" ? kUnboundedWindow
-                          : static_cast<int64_t>(parse_integer("--window", text, 0, INT64_MAX));
-    };
-    window.left = side(arguments.window_text.substr(0, comma));
-    window.right = comma == std::string::npos ? 0 : side(arguments.window_text.substr(comma + 1));
-    options.window = window;
-  }
-  options.alibi = arguments.alibi;
-  if (given("--softcap")) options.softcap = parse_number("--softcap", arguments.softcap_text);
+  options.num_threads = threads_from(sdpa, arguments.threads_text, 0);
   if (given("--prefix")) {
     options.prefix =
         static_cast<int64_t>(parse_integer("--prefix", arguments.prefix_text, 0, INT64_MAX));
@@ -188,13 +137,12 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
   if (given("--grad-sinks") && !given("--grad-out")) {
     throw Error("--grad-sinks needs --grad-out dO.npy (the backward pass)");
   }
-  options.backend = parse_backend(arguments.backend);
   options.compute = parse_compute_dtype(arguments.compute_dtype);
-  options.need_weights = given("--weights");
+  options.need_weights = given("--out-weights");
   const bool backward = check_gradient_options(given);
   options.need_logsumexp = backward;
   check_output_path("--out", arguments.output_path);
-  if (options.need_weights) check_output_path("--weights", arguments.weights_path);
+  if (options.need_weights) check_output_path("--out-weights", arguments.out_weights_path);
   if (backward) {
     check_output_path("--grad-query", arguments.grad_query_path);
     check_output_path("--grad-key", arguments.grad_key_path);
@@ -276,7 +224,7 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
   // 5. Outputs, all or nothing.
   std::vector<OutputFile> outputs = {{"--out", arguments.output_path, result.output.view()}};
   if (options.need_weights) {
-    outputs.push_back({"--weights", arguments.weights_path, result.weights.view()});
+    outputs.push_back({"--out-weights", arguments.out_weights_path, result.weights.view()});
   }
   if (backward) {
     outputs.push_back({"--grad-query", arguments.grad_query_path, gradients.query.view()});
@@ -290,13 +238,7 @@ void run_sdpa(const SdpaArguments& arguments, const CLI::App& sdpa) {
     }
   }
   write_outputs(outputs);
-  // "wrote O.npy (2, 5, 3) float32", "... and W.npy ...", "wrote A, B, C and D".
-  std::string summary = "wrote ";
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (i > 0) summary += i + 1 == outputs.size() ? " and " : ", ";
-    summary += describe(outputs[i].path, outputs[i].contents);
-  }
-  std::cout << summary << '\n';
+  std::cout << wrote(outputs) << '\n';
 }
 
 }  // namespace
@@ -319,27 +261,9 @@ Command add_sdpa_command(CLI::App& app) {
               "bool or integer, broadcastable to (..., Lq, Lk); zero excludes a key");
   file_option("--bias", arguments->bias_path,
               "float32 or float16, broadcastable to (..., Lq, Lk); added to the scores");
-  sdpa->add_flag("--causal", arguments->causal,
-                 "query i sees key j only when j <= i' (i' = i + Lk - Lq bottom-right, i "
-                 "top-left)");
-  sdpa->add_option("--causal-align", arguments->causal_align,
-                   "bottom-right (default: i' = i + Lk - Lq, a decoder with a KV cache) or "
-                   "top-left (i' = i, PyTorch's is_causal); also aligns --window and --alibi")
-      ->type_name("NAME")
-      ->check(CLI::IsMember({"bottom-right", "top-left"}));
-  sdpa->add_option("--window", arguments->window_text,
-                   "sliding window LEFT[,RIGHT]: query i sees key j only when i' - LEFT <= j <= "
-                   "i' + RIGHT (RIGHT default 0; -1: unbounded)")
-      ->type_name("LEFT[,RIGHT]");
-  sdpa->add_flag("--alibi", arguments->alibi,
-                 "ALiBi with the paper's slopes for H heads (the last batch dimension): "
-                 "score += slope_h * (j - i')");
+  add_score_rule_options(*sdpa, arguments->rules);
   file_option("--alibi-slopes", arguments->alibi_slopes_path,
               "ALiBi with these slopes, float (H): score += slope_h * (j - i')");
-  sdpa->add_option("--softcap", arguments->softcap_text,
-                   "logit soft-capping C > 0: score = C * tanh(score / C), after scaling, before "
-                   "bias and masks")
-      ->type_name("FLOAT");
   file_option("--sinks", arguments->sinks_path,
               "attention sinks, float (H): one more logit per head in each row's softmax "
               "denominator, with no value");
@@ -352,32 +276,22 @@ Command add_sdpa_command(CLI::App& app) {
   sdpa->add_option("--prefix", arguments->prefix_text,
                    "prefix-LM: keys j < P are visible to every query; the rest follow --causal "
                    "or --window")
-      ->type_name("P");
+      ->type_name("INT");
   sdpa->add_option("--kv-heads", arguments->kv_heads_text,
                    "grouped-query attention: key and value have N heads (their last batch "
                    "dimension) dividing the query's; inferred from the shapes when absent")
-      ->type_name("N");
-  sdpa->add_option("--scale", arguments->scale_text, "multiplies Q·Kᵀ (default 1/sqrt(E))")
-      ->type_name("FLOAT");
-  sdpa->add_option("--dropout", arguments->dropout_text, "dropout probability in [0, 1)")
-      ->type_name("FLOAT");
-  sdpa->add_option("--seed", arguments->seed_text, "dropout seed (Philox), default 0")
       ->type_name("INT");
   sdpa->add_flag("--zero-masked-rows", arguments->zero_masked_rows,
                  "a fully masked query row gives zeros (default: uniform weights, as the "
                  "listing)");
-  sdpa->add_option("--threads", arguments->threads_text, "threads to use, >= 1 (default: all)")
-      ->type_name("INT");
-  sdpa->add_option("--backend", arguments->backend, "auto, fused or reference (default auto)")
-      ->type_name("NAME")
-      ->check(CLI::IsMember({"auto", "fused", "reference"}));
+  add_threads_option(*sdpa, arguments->threads_text, "all");
   sdpa->add_option("--compute-dtype", arguments->compute_dtype,
                    "precision of the products: auto, fp32, bf16 (inputs rounded to bfloat16, "
                    "AVX512_BF16 products; see `attend info`) or fp16 (default auto)")
-      ->type_name("NAME")
+      ->type_name("CHOICE")
       ->check(CLI::IsMember({"auto", "fp32", "bf16", "fp16"}));
   file_option("--out", arguments->output_path, "output (..., Lq, Ev), dtype of Q")->required();
-  file_option("--weights", arguments->weights_path,
+  file_option("--out-weights", arguments->out_weights_path,
               "also write the attention weights (..., Lq, Lk), float32");
   // The backward pass.
   file_option("--grad-out", arguments->grad_output_path,

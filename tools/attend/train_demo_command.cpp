@@ -18,8 +18,6 @@
 namespace attend::cli {
 namespace {
 
-// Far above any core count; keeps the value an int.
-constexpr uint64_t kMaxThreads = 1 << 16;
 // A run of this many steps takes hours; a larger --steps is surely a typo.
 constexpr uint64_t kMaxSteps = 10'000'000;
 
@@ -29,7 +27,7 @@ struct TrainDemoArguments {
   bool quiet = false;
 };
 
-void run_train_demo(const TrainDemoArguments& arguments) {
+void run_train_demo(const TrainDemoArguments& arguments, const CLI::App& command) {
   examples::ReverseTaskSettings settings;
   if (!arguments.steps_text.empty()) {
     settings.max_steps =
@@ -42,10 +40,7 @@ void run_train_demo(const TrainDemoArguments& arguments) {
   if (!arguments.seed_text.empty()) {
     settings.seed = parse_integer("--seed", arguments.seed_text, 0, UINT64_MAX);
   }
-  if (!arguments.threads_text.empty()) {
-    settings.num_threads =
-        static_cast<int>(parse_integer("--threads", arguments.threads_text, 1, kMaxThreads));
-  }
+  settings.num_threads = threads_from(command, arguments.threads_text, settings.num_threads);
   check_output_path("--svg", arguments.svg_path);
 
   examples::ReverseModel model(settings);
@@ -76,7 +71,7 @@ void run_train_demo(const TrainDemoArguments& arguments) {
   support::StagedTextFile("--svg", arguments.svg_path,
                           examples::training_curves_svg(settings, history))
       .commit();
-  std::cout << "Wrote " << arguments.svg_path << '\n';
+  std::cout << wrote({arguments.svg_path}) << '\n';
 }
 
 }  // namespace
@@ -103,14 +98,10 @@ Command add_train_demo_command(CLI::App& app) {
   command
       ->add_option("--svg", arguments->svg_path,
                    "where to write the loss and accuracy curves (default train-demo.svg)")
-      ->type_name("PATH");
-  command
-      ->add_option("--threads", arguments->threads_text,
-                   "threads for the attention calls, >= 1 (default 1: the model is tiny); "
-                   "results do not depend on it")
-      ->type_name("INT");
+      ->type_name("FILE");
+  add_threads_option(*command, arguments->threads_text, "1: the model is tiny");
   command->add_flag("--quiet", arguments->quiet, "print only the summary");
-  return {command, [arguments] { run_train_demo(*arguments); }};
+  return {command, [arguments, command] { run_train_demo(*arguments, *command); }};
 }
 
 }  // namespace attend::cli
