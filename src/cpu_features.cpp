@@ -3,14 +3,19 @@
 
 #include <hwy/targets.h>
 
+#include <atomic>
 #include <cstdint>
-#include <string>
+#include <cstdlib>
+#include <cstring>
 
-#include "attend/error.hpp"
 #include "simd_dispatch.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace attend::detail {
@@ -30,7 +35,7 @@ PrecisionSupport detect() {
   // SSE, AVX and the three AVX-512 states (opmask, ZMM0-15 upper halves, ZMM16-31).
   const bool zmm_state = (xcr0 & 0xE6) == 0xE6;
   // AMX: XTILECFG and XTILEDATA (bits 17, 18); Linux grants XTILEDATA to a process only on
-  // request (arch_prctl ARCH_REQ_XCOMP_PERM), which attend does not make yet.
+  // request (arch_prctl ARCH_REQ_XCOMP_PERM: tile_data_permitted below).
   const bool tile_state = (xcr0 & 0x60000) == 0x60000;
   __cpuid_count(7, 0, a, b, c, d);
   const bool avx512f = (b >> 16) & 1;
@@ -43,6 +48,32 @@ PrecisionSupport detect() {
   s.amx_fp16 = tile_state && ((a1 >> 21) & 1);
 #endif
   return s;
+}
+
+// Linux enables the tile data state (XFEATURE_XTILEDATA, 18) for a process only once it asks
+// (arch_prctl ARCH_REQ_XCOMP_PERM, 0x1023; Linux 5.16 and later), for all its threads; a
+// tile instruction before that faults. Asked once per process (a static's thread-safe
+// initialization); a refusal (an older kernel, a seccomp filter) leaves AMX unused.
+bool tile_data_permitted() {
+#if defined(__linux__) && defined(__x86_64__)
+  static const bool permitted = [] {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
+#else
+  return false;
+#endif
+}
+
+// AMX switched on: ATTEND_AMX ("0" or "off" switches it off), read at the first use, then
+// set_amx_enabled.
+std::atomic<bool>& amx_switch() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("ATTEND_AMX");
+    return env == nullptr || (std::strcmp(env, "0") != 0 && std::strcmp(env, "off") != 0);
+  }()};
+  return on;
 }
 
 }  // namespace
@@ -76,26 +107,21 @@ bool exact_f16_widening() {
 
 bool native_bf16_products() { return why_no_bf16_products()[0] == '\0'; }
 
-bool wants_bf16_products(DType input_dtype, ComputePrecision compute) {
-  switch (compute) {
-    case ComputePrecision::kFloat32:
-      return false;
-    case ComputePrecision::kFloat16:
-      throw Error("compute precision float16: " +
-                  std::string(cpu_precision_support().avx512_fp16
-                                  ? "float16 products are not implemented yet"
-                                  : "this CPU has no AVX512_FP16") +
-                  "; use ComputePrecision::kFloat32 (float16 inputs are computed in float32)");
-    case ComputePrecision::kBFloat16:
-      if (!native_bf16_products()) {
-        throw Error(std::string("compute precision bfloat16 needs bfloat16 products, but ") +
-                    why_no_bf16_products() + "; use ComputePrecision::kFloat32");
-      }
-      return true;
-    case ComputePrecision::kAuto:
-      break;
+const char* why_no_amx_bf16() {
+  const PrecisionSupport& cpu = cpu_precision_support();
+  if (!cpu.amx_tile || !cpu.amx_bf16) return "this CPU has no AMX-BF16";
+  if (!native_bf16_products()) return why_no_bf16_products();
+  if (!amx_switched_on()) {
+    return "AMX is switched off (ATTEND_AMX=0, set_amx_enabled)";
   }
-  return input_dtype == DType::kBFloat16 && native_bf16_products();
+  if (!tile_data_permitted()) return "the OS refused this process the AMX tile data";
+  return "";
 }
+
+bool amx_bf16_products() { return why_no_amx_bf16()[0] == '\0'; }
+
+void set_amx_switch(bool on) { amx_switch().store(on, std::memory_order_relaxed); }
+
+bool amx_switched_on() { return amx_switch().load(std::memory_order_relaxed); }
 
 }  // namespace attend::detail

@@ -1,10 +1,9 @@
 // cpu_features.hpp: the reduced-precision instructions of this CPU (read once from cpuid and
-// the OS's enabled register state) and whether attend's dispatch may use them now.
+// the OS's enabled register state) and whether attend's dispatch may use them now. What a
+// call computes with them is the boundary's choice (wants_bf16_products, sdpa_boundary.hpp).
 #pragma once
 
 #include "attend/runtime.hpp"
-#include "attend/sdpa.hpp"
-#include "attend/tensor.hpp"
 
 namespace attend::detail {
 
@@ -18,13 +17,20 @@ bool native_bf16_products();
 // AVX-512", or "" when they can.
 const char* why_no_bf16_products();
 
+// The bfloat16 products run on AMX tiles (isa/amx_bf16.hpp) now: native_bf16_products() (the
+// softmax and the packing between the products are AVX-512 code), the CPU has AMX-TILE and
+// AMX-BF16 with their register state in XCR0, Linux granted this process the tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM, asked once, at the first call), and AMX is not switched
+// off (ATTEND_AMX=0, set_amx_enabled(false)).
+bool amx_bf16_products();
+// Why not, for messages: e.g. "this CPU has no AMX-BF16"; "" when they can.
+const char* why_no_amx_bf16();
+// attend::set_amx_enabled and its reading.
+void set_amx_switch(bool on);
+bool amx_switched_on();
+
 // Whether the dispatched SIMD target widens float16 to float32 exactly, infinities and NaNs
 // included (x86 with F16C: AVX2 and above); Highway's software widening does not.
 bool exact_f16_widening();
-
-// Whether inputs of `input_dtype` computed at `compute` (AttentionOptions::compute) take
-// bfloat16 products: kBFloat16 always, kAuto for bfloat16 inputs where the CPU has them.
-// attend::Error for kBFloat16 without them and for kFloat16 (not implemented), naming why.
-bool wants_bf16_products(DType input_dtype, ComputePrecision compute);
 
 }  // namespace attend::detail

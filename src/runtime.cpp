@@ -101,9 +101,17 @@ void set_max_simd_target(const std::string& name) {
   state.allowed = state.supported & ~targets_above(name);
 }
 
+void set_amx_enabled(bool enabled) { detail::set_amx_switch(enabled); }
+
+bool amx_enabled() { return detail::amx_switched_on(); }
+
 PrecisionSupport precision_support() { return detail::cpu_precision_support(); }
 
 std::string bf16_compute_path() {
+  if (detail::amx_bf16_products()) {
+    return "bfloat16 products (AMX-BF16 tiles in attention's forward query tiles, AVX512_BF16 "
+           "in the backward and the projections)";
+  }
   if (detail::native_bf16_products()) return "bfloat16 products (AVX512_BF16)";
   return std::string("float32 products (") + detail::why_no_bf16_products() + ")";
 }

@@ -19,6 +19,7 @@
 #include "score_rules.hpp"
 #include "sdpa_boundary.hpp"
 #include "sdpa_params.hpp"
+#include "shape_policy.hpp"
 
 namespace attend::detail {
 
@@ -276,6 +277,28 @@ void check_output(const char* name, const TensorView& out, const Shape& expected
   }
 }
 
+bool wants_bf16_products(DType input_dtype, ComputePrecision compute) {
+  switch (compute) {
+    case ComputePrecision::kFloat32:
+      return false;
+    case ComputePrecision::kFloat16:
+      throw Error("compute precision float16: " +
+                  std::string(cpu_precision_support().avx512_fp16
+                                  ? "float16 products are not implemented yet"
+                                  : "this CPU has no AVX512_FP16") +
+                  "; use ComputePrecision::kFloat32 (float16 inputs are computed in float32)");
+    case ComputePrecision::kBFloat16:
+      if (!native_bf16_products()) {
+        throw Error(std::string("compute precision bfloat16 needs bfloat16 products, but ") +
+                    why_no_bf16_products() + "; use ComputePrecision::kFloat32");
+      }
+      return true;
+    case ComputePrecision::kAuto:
+      break;
+  }
+  return input_dtype == DType::kBFloat16 && native_bf16_products();
+}
+
 namespace {
 
 // A view of `dtype` (bfloat16 or float16) with a contiguous last dimension: the view itself
@@ -303,13 +326,9 @@ TensorView as_kernel_float_rounded_to_bf16(const TensorView& t, std::optional<Te
   return as_kernel_float(as_kernel_bf16(t, rounded), storage);
 }
 
-// Bytes one thread's packed bfloat16 K and V may take (Bf16Operands in the query tiles):
-// beyond it, the products are float32.
-constexpr double kMaxPackedBf16Bytes = 256.0 * (1 << 20);
-
 // What the kernel reads: float32 operands; bfloat16 operands for bfloat16 products (query
-// tiles); or float32 queries with K and V in their half precision (row groups), bfloat16 or
-// float16, rounded to bfloat16 first for kBFloat16.
+// tiles); or float32 queries with K and V in their half precision (row groups; query tiles,
+// which widen them per thread), bfloat16 or float16, rounded to bfloat16 first for kBFloat16.
 enum class Products : uint8_t { kFloat32, kBFloat16, kHalfKeysValues };
 struct OperandChoice {
   Products products = Products::kFloat32;
@@ -319,7 +338,8 @@ struct OperandChoice {
 // The products a call computes (AttentionOptions::compute): bfloat16 ones only in the query
 // tiles, on a CPU that has them; attend::Error for a precision this CPU cannot compute.
 // Decoding shapes (the row groups) read half-precision K and V as they are, widening them as
-// they load: the same float32 arithmetic on half the bytes.
+// they load: the same float32 arithmetic on half the bytes; the query tiles widen them once
+// per thread and batch index instead of a float32 copy of the whole operands.
 OperandChoice choose_operands(const TensorView& query, const TensorView& value,
                               const AttentionOptions& options, bool for_backward) {
   const bool bf16 = wants_bf16_products(query.dtype, options.compute);
@@ -332,7 +352,7 @@ OperandChoice choose_operands(const TensorView& query, const TensorView& value,
     }
     return {};  // float32 (on the rounded inputs for kBFloat16: see make_params)
   }
-  const bool rows = 2 * query.shape.back(1) <= fused_lanes();
+  const bool rows = RunsInRowGroups(query.shape.back(1), fused_lanes());
   if (rows) {
     if (requested) return {Products::kHalfKeysValues, DType::kBFloat16};
     if (options.compute != ComputePrecision::kAuto) return {};
@@ -342,12 +362,22 @@ OperandChoice choose_operands(const TensorView& query, const TensorView& value,
     }
     return {};
   }
-  if (!bf16) return {};
-  const int64_t key_len = value.shape.back(1);
-  const double packed_bytes =
-      4.0 * (static_cast<double>(key_len) * static_cast<double>((query.shape.back(0) + 1) / 2) +
-             static_cast<double>((key_len + 1) / 2) * static_cast<double>(value.shape.back(0)));
-  if (packed_bytes <= kMaxPackedBf16Bytes) return {Products::kBFloat16, DType::kBFloat16};
+  const int64_t key_len = value.shape.back(1), head_dim = query.shape.back(0);
+  const int64_t value_dim = value.shape.back(0);
+  if (bf16) {
+    if (FitsPackedBf16(key_len, head_dim, value_dim))
+      return {Products::kBFloat16, DType::kBFloat16};
+    return {};
+  }
+  // Half-precision inputs computed in float32: the query tiles widen K and V per thread and
+  // batch index (PackKeysAndValues), exactly, where the copy fits.
+  if (options.compute == ComputePrecision::kAuto &&
+      FitsPackedFloats(key_len, head_dim, value_dim)) {
+    if (query.dtype == DType::kBFloat16) return {Products::kHalfKeysValues, DType::kBFloat16};
+    if (query.dtype == DType::kFloat16 && exact_f16_widening()) {
+      return {Products::kHalfKeysValues, DType::kFloat16};
+    }
+  }
   return {};
 }
 
@@ -386,16 +416,18 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
   p.half_dtype = choice.half;
   if (half_query) {
     p.query_half = q.data_as<const uint16_t>();
+    p.amx_tiles = amx_bf16_products() && FitsAmxTiles(p.key_len, p.head_dim, p.value_dim);
   } else {
     p.query = q.data_as<const float>();
   }
-  if (half_query) {
+  if (half_kv) {  // the query tiles read key_half; the row groups read K and V as stored
     p.key_half = k.data_as<const uint16_t>();
     p.value_half = v.data_as<const uint16_t>();
-  } else if (half_kv) {  // the row groups read K and V as stored
-    p.kv_format = choice.half;
-    p.key_stored = k.data;
-    p.value_stored = v.data;
+    if (!half_query) {
+      p.kv_format = choice.half;
+      p.key_stored = k.data;
+      p.value_stored = v.data;
+    }
   } else {
     p.key = k.data_as<const float>();
     p.value = v.data_as<const float>();

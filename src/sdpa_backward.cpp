@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "attend/error.hpp"
-#include "cpu_features.hpp"
 #include "grouped_query.hpp"
 #include "kernels/kernel_list.hpp"
 #include "sdpa_boundary.hpp"

@@ -58,6 +58,13 @@ struct KernelInputs {
   std::optional<Tensor> query, key, value, mask, bias;
   ScoreRuleInputs rules;
 };
+// The precision policy: whether inputs of `input_dtype` computed at `compute`
+// (AttentionOptions::compute) take bfloat16 products: kBFloat16 always, kAuto for bfloat16
+// inputs where the CPU has them (cpu_features.hpp). attend::Error for kBFloat16 without them
+// and for kFloat16 (not implemented), naming why. Used by make_params and by the layers that
+// choose their projections' operands (multihead, spatial).
+bool wants_bf16_products(DType input_dtype, ComputePrecision compute);
+
 // SdpaParams with sizes, inputs, mask, bias and options filled (outputs null); the inputs in
 // the precision of the products (AttentionOptions::compute): float32, or bfloat16 for the
 // forward's query tiles (never `for_backward`). attend::Error for a precision the CPU lacks.

@@ -43,14 +43,23 @@ struct SdpaParams {
   const float* value = nullptr;
   OperandStrides value_strides;
 
-  // bfloat16 products (AttentionOptions::compute, AVX512_BF16; bf16_products-inl.h):
-  // query_half, key_half and value_half, all bfloat16, in place of the float32 pointers above
-  // (null then), with the same strides; only the query tiles run them.
+  // Half-precision operands of the query tiles (bfloat16 or float16: half_dtype) in place of
+  // the float32 pointers above (null then), with the same strides:
+  //  - bfloat16 products (AttentionOptions::compute, AVX512_BF16 or AMX;
+  //    kernels/isa/*_bf16-inl.h): query_half, key_half and value_half, all bfloat16;
+  //  - half-precision K and V computed in float32 (half_kv): key_half and value_half,
+  //    widened once per thread and batch index (packing-inl.h), query float32.
+  // The row groups read K and V as stored instead (key_stored below); the boundary sets both
+  // for half-precision K and V, each kernel reads its own.
   DType half_dtype = DType::kBFloat16;
   const uint16_t* query_half = nullptr;
   const uint16_t* key_half = nullptr;
   const uint16_t* value_half = nullptr;
   bool bf16_products() const { return query_half != nullptr; }
+  // bfloat16 products on AMX tiles (kernels/isa/amx_bf16.hpp) rather than AVX512_BF16:
+  // chosen with them where amx_bf16_products() (cpu_features.hpp) allows.
+  bool amx_tiles = false;
+  bool half_kv() const { return key_half != nullptr; }
 
   // K and V as stored (the row groups and the reference; decoding reads every cached byte
   // once): key_stored and value_stored in kv_format (kv_format.hpp: float16, bfloat16,

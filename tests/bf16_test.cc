@@ -1,5 +1,8 @@
-// bfloat16 products (ComputePrecision::kBFloat16, AVX512_BF16) over the case grid of
-// tests/data/sdpa_cases.txt.
+// bfloat16 products (ComputePrecision::kBFloat16) over the case grid of
+// tests/data/sdpa_cases.txt, on each path the host has: AVX512_BF16 register blocks, and
+// AMX-BF16 tiles (attend::set_amx_enabled switches between them) where the CPU and the OS
+// have them. Both paths round the same operands (Q, K, V, then P) and add the products in
+// float32, so one error model covers both.
 //
 // Error model (FlashAttention's rule for reduced precision): the fused result's largest error
 // against the exact listing (the float64 reference on the case's own inputs) must be at most
@@ -24,6 +27,7 @@
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
+#include "cpu_features.hpp"
 #include "sdpa_cases.hpp"
 #include "test_support.hpp"
 
@@ -92,8 +96,33 @@ void expect_error(const Call& call, const std::string& fragment) {
 
 bool bf16_available() { return bf16_compute_path().rfind("bfloat16", 0) == 0; }
 
-TEST(Bf16Products, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
-  if (!bf16_available()) GTEST_SKIP() << "skipped: " << bf16_compute_path();
+// One bfloat16 path: AMX tiles on or off for the test's duration.
+class Bf16Path : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (!bf16_available()) GTEST_SKIP() << "skipped: " << bf16_compute_path();
+    if (GetParam() && !detail::amx_bf16_products()) {
+      GTEST_SKIP() << "skipped: " << detail::why_no_amx_bf16();
+    }
+    previous_ = amx_enabled();
+    set_amx_enabled(GetParam());
+  }
+  void TearDown() override { set_amx_enabled(previous_); }
+  // What the kernel's name says for this path.
+  std::string path_name() const {
+    return GetParam() ? "bfloat16 products, AMX tiles" : "bfloat16 products)";
+  }
+
+ private:
+  bool previous_ = true;
+};
+
+INSTANTIATE_TEST_SUITE_P(Bf16Products, Bf16Path, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "AmxTiles" : "Avx512Bf16";
+                         });
+
+TEST_P(Bf16Path, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
   int native = 0, cases = 0;
   double worst_share = 0;  // of the allowed error, over the cases
   for (const SdpaCase& spec : load_sdpa_cases(ATTEND_TEST_DATA_DIR "/sdpa_cases.txt")) {
@@ -113,7 +142,7 @@ TEST(Bf16Products, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
     options.compute = ComputePrecision::kBFloat16;
     const Result fused = run(in.query, in.key, in.value, options);
     ++cases;
-    if (fused.kernel.find("bfloat16 products") != std::string::npos) ++native;
+    if (fused.kernel.find(path_name()) != std::string::npos) ++native;
 
     const double keep = 1.0 / (1.0 - spec.dropout);
     const double p_term = 2 * kBf16HalfUlp * max_abs(in.value) * keep;
@@ -151,15 +180,13 @@ TEST(Bf16Products, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
     }
   }
   std::printf(
-      "bfloat16 products ran natively on %d of %d cases (the others are decoding "
-      "shapes: float32 products on the rounded inputs); the largest output error was "
-      "%.2f of the allowed\n",
-      native, cases, worst_share);
+      "%s: ran natively on %d of %d cases (the others are decoding shapes: float32 "
+      "products on the rounded inputs); the largest output error was %.2f of the allowed\n",
+      bf16_compute_path().c_str(), native, cases, worst_share);
   EXPECT_GT(native, cases / 2);
 }
 
-TEST(Bf16Products, ResultsDoNotDependOnTheThreadCount) {
-  if (!bf16_available()) GTEST_SKIP() << "skipped: " << bf16_compute_path();
+TEST_P(Bf16Path, ResultsDoNotDependOnTheThreadCount) {
   const Tensor q = random_tensor({2, 3, 200, 64}, 1, 1.0, DType::kBFloat16);
   const Tensor k = random_tensor({2, 3, 700, 64}, 2, 1.0, DType::kBFloat16);
   const Tensor v = random_tensor({2, 3, 700, 48}, 3, 1.0, DType::kBFloat16);
@@ -170,20 +197,21 @@ TEST(Bf16Products, ResultsDoNotDependOnTheThreadCount) {
   options.num_threads = 2;
   const Tensor two = scaled_dot_product_attention(q.view(), k.view(), v.view(), options).output;
   ASSERT_EQ(std::memcmp(one.data(), two.data(), one.nbytes()), 0);
-  EXPECT_NE(attention_kernel(q.view(), k.view(), v.view(), options).find("bfloat16"),
+  EXPECT_NE(attention_kernel(q.view(), k.view(), v.view(), options).find(path_name()),
             std::string::npos);
 }
 
-// Decoding shapes read bfloat16 and float16 K and V as they are (the row groups widen them
-// as they load): bit for bit the float32 path on the widened inputs, on every target, over
-// the grid's cases that run in row groups.
-TEST(HalfKeysValues, RowGroupsGiveTheBitsOfTheWidenedInputs) {
-  int half_runs = 0;
+// Half-precision inputs computed in float32 read bfloat16 and float16 K and V as they are
+// (the row groups widen them as they load, the query tiles once per thread and batch index):
+// bit for bit the float32 path on the widened inputs, on every target, over the grid's
+// cases that run in either kernel.
+TEST(HalfKeysValues, GiveTheBitsOfTheWidenedInputs) {
+  int half_runs = 0, tile_runs = 0;
   for (const std::string& target : supported_simd_targets()) {
     ScopedSimdCap cap(target);
     for (const SdpaCase& spec : load_sdpa_cases(ATTEND_TEST_DATA_DIR "/sdpa_cases.txt")) {
       const CaseInputs in = make_case_inputs(spec);
-      if (attention_kernel(in.query, in.key, in.value, in.options).rfind("fused rows", 0) != 0) {
+      if (attention_kernel(in.query, in.key, in.value, in.options).rfind("fused", 0) != 0) {
         continue;
       }
       for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
@@ -200,7 +228,9 @@ TEST(HalfKeysValues, RowGroupsGiveTheBitsOfTheWidenedInputs) {
         AttentionOptions options = in.options;
         options.need_logsumexp = true;
         const std::string kernel = attention_kernel(q.view(), k.view(), v.view(), options);
+        if (kernel.find("bfloat16 products") != std::string::npos) continue;  // not float32
         half_runs += kernel.find(" K/V)") != std::string::npos;
+        tile_runs += kernel.rfind("fused tiles (", 0) == 0;
         const AttentionResult half =
             scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
         const AttentionResult wide =
@@ -218,8 +248,10 @@ TEST(HalfKeysValues, RowGroupsGiveTheBitsOfTheWidenedInputs) {
       }
     }
   }
-  std::printf("%d runs read half-precision K and V in place\n", half_runs);
+  std::printf("%d runs read half-precision K and V in place, %d of them in query tiles\n",
+              half_runs, tile_runs);
   EXPECT_GT(half_runs, 0);
+  EXPECT_GT(tile_runs, 0);
 }
 
 TEST(Bf16Products, RefusedWhereTheCpuCannotRunThem) {
@@ -240,7 +272,7 @@ TEST(Bf16Products, RefusedWhereTheCpuCannotRunThem) {
   expect_error([&] { scaled_dot_product_attention(q.view(), q.view(), q.view(), options); },
                "capped below AVX-512");
   const Tensor qb = bf16_copy(q.view());
-  EXPECT_EQ(attention_kernel(qb.view(), qb.view(), qb.view()), "fused tiles");
+  EXPECT_EQ(attention_kernel(qb.view(), qb.view(), qb.view()), "fused tiles (bfloat16 K/V)");
 }
 
 }  // namespace

@@ -23,6 +23,12 @@ std::string active_simd_target();
 // Throws attend::Error for a name that is not compiled in. Call it while no other thread is
 // inside attend (a call in flight could plan for one target and run on another).
 void set_max_simd_target(const std::string& name);
+// Whether bfloat16 products may run on AMX tiles (Intel Sapphire Rapids and later, where the
+// OS grants them) rather than AVX512_BF16: on by default, off with the environment variable
+// ATTEND_AMX=0 (read at the first call) or set_amx_enabled(false). The SIMD cap rules AMX
+// out too when it rules out AVX-512. Call it while no other thread is inside attend.
+void set_amx_enabled(bool enabled);
+bool amx_enabled();
 
 // The reduced-precision instructions of this CPU whose register state the OS enables.
 struct PrecisionSupport {
@@ -36,7 +42,8 @@ struct PrecisionSupport {
 PrecisionSupport precision_support();
 
 // The matrix products attention runs for bfloat16 and float16 inputs on this CPU now (after
-// the SIMD cap), e.g. "bfloat16 (AVX512_BF16)" or "float32 (this CPU has no AVX512_BF16)".
+// the SIMD cap and the AMX switch), e.g. "bfloat16 products (AMX-BF16 tiles in ...)",
+// "bfloat16 products (AVX512_BF16)" or "float32 products (this CPU has no AVX512_BF16)".
 std::string bf16_compute_path();
 std::string fp16_compute_path();
 

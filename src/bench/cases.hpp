@@ -120,6 +120,11 @@ struct BenchCase {
   // divided by this one's: kMinSpeedup); "" for none.
   std::string baseline = {};
   PagedLayout paged = {};  // kPagedDecode only
+  // bfloat16 products on AVX512_BF16 even where AMX tiles would run them (set_amx_enabled
+  // false around the timed calls): both paths in one run on an AMX host.
+  bool amx_off = false;
+  // The kMinSpeedup target where AMX tiles run the products (0: the same as elsewhere).
+  double amx_speedup = 0;
 
   // FLOPs of one call: shape.flops(), or attention_backward_flops for kAttentionBackward.
   double flops() const;

@@ -19,6 +19,8 @@
 
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
+#include "cpu_features.hpp"
+#include "kernels/isa/amx_bf16.hpp"
 #include "simd_dispatch.hpp"
 
 // Defined once, outside the per-target namespaces: every target returns the same type.
@@ -91,6 +93,26 @@ HWY_EXPORT(RunBf16Chains);
 
 namespace {
 
+enum class Probe { kFma, kBf16, kAmx };
+
+ChainResult run_chains(Probe probe, int64_t rounds) {
+  switch (probe) {
+    case Probe::kFma:
+      return ATTEND_DISPATCH(RunFmaChains)(rounds);
+    case Probe::kBf16:
+      return ATTEND_DISPATCH(RunBf16Chains)(rounds);
+    case Probe::kAmx:
+      break;
+  }
+#if defined(__x86_64__)
+  ChainResult result{0, 0, 16, "AMX"};
+  result.flops = detail::amx::RunPeakChains(rounds, &result.checksum);
+  return result;
+#else
+  return {0, 0, 0, "none"};
+#endif
+}
+
 volatile float g_checksum_sink = 0;
 
 struct Trial {
@@ -109,7 +131,7 @@ double thread_cpu_seconds() {
 // Every thread runs `rounds` rounds and divides its FMAs by its own CPU time, so that other
 // processes on a shared machine, which take CPU time but not FMA units, do not lower the
 // figure; on a quiet machine it equals FMAs / wall time.
-Trial run_trial(int num_threads, int64_t rounds, bool bf16) {
+Trial run_trial(int num_threads, int64_t rounds, Probe probe) {
   Trial trial;
   float checksum = 0;
   double gflops = 0;
@@ -117,8 +139,7 @@ Trial run_trial(int num_threads, int64_t rounds, bool bf16) {
 #pragma omp parallel num_threads(num_threads) reduction(+ : checksum, gflops)
   {
     const double cpu_start = thread_cpu_seconds();
-    const ChainResult result =
-        bf16 ? ATTEND_DISPATCH(RunBf16Chains)(rounds) : ATTEND_DISPATCH(RunFmaChains)(rounds);
+    const ChainResult result = run_chains(probe, rounds);
     const double cpu_seconds = std::max(thread_cpu_seconds() - cpu_start, 1e-9);
     checksum += result.checksum;
     gflops += result.flops / cpu_seconds / 1e9;
@@ -135,7 +156,7 @@ Trial run_trial(int num_threads, int64_t rounds, bool bf16) {
   return trial;
 }
 
-FmaPeak measure_peak(int num_threads, double min_seconds, bool bf16) {
+FmaPeak measure_peak(int num_threads, double min_seconds, Probe probe) {
   if (num_threads < 1) {
     throw Error("FMA peak probe: num_threads must be >= 1, got " + std::to_string(num_threads));
   }
@@ -146,10 +167,10 @@ FmaPeak measure_peak(int num_threads, double min_seconds, bool bf16) {
 
   // Calibrate: double the rounds until one trial lasts a quarter of the wanted time.
   int64_t rounds = int64_t{1} << 14;
-  Trial trial = run_trial(num_threads, rounds, bf16);
+  Trial trial = run_trial(num_threads, rounds, probe);
   while (trial.wall_seconds < min_seconds / 4 && rounds < (int64_t{1} << 40)) {
     rounds *= 2;
-    trial = run_trial(num_threads, rounds, bf16);
+    trial = run_trial(num_threads, rounds, probe);
   }
   rounds = static_cast<int64_t>(static_cast<double>(rounds) * min_seconds /
                                 std::max(trial.wall_seconds, 1e-9));
@@ -158,7 +179,7 @@ FmaPeak measure_peak(int num_threads, double min_seconds, bool bf16) {
   FmaPeak peak;
   peak.threads = num_threads;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    trial = run_trial(num_threads, rounds, bf16);
+    trial = run_trial(num_threads, rounds, probe);
     peak.gflops = std::max(peak.gflops, trial.gflops);
     peak.lanes = trial.lanes;
     peak.target = trial.target;
@@ -169,7 +190,7 @@ FmaPeak measure_peak(int num_threads, double min_seconds, bool bf16) {
 }  // namespace
 
 FmaPeak measure_fma_peak(int num_threads, double min_seconds) {
-  return measure_peak(num_threads, min_seconds, false);
+  return measure_peak(num_threads, min_seconds, Probe::kFma);
 }
 
 FmaPeak measure_bf16_peak(int num_threads, double min_seconds) {
@@ -179,7 +200,17 @@ FmaPeak measure_bf16_peak(int num_threads, double min_seconds) {
     none.target = "none";
     return none;
   }
-  return measure_peak(num_threads, min_seconds, true);
+  return measure_peak(num_threads, min_seconds, Probe::kBf16);
+}
+
+FmaPeak measure_amx_peak(int num_threads, double min_seconds) {
+  if (!detail::amx_bf16_products()) {
+    FmaPeak none;
+    none.threads = num_threads;
+    none.target = "none";
+    return none;
+  }
+  return measure_peak(num_threads, min_seconds, Probe::kAmx);
 }
 
 }  // namespace attend::bench

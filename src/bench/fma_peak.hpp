@@ -24,4 +24,8 @@ FmaPeak measure_fma_peak(int num_threads, double min_seconds = 0.1);
 // runs them (attend::bf16_compute_path()); gflops 0 and target "none" elsewhere.
 FmaPeak measure_bf16_peak(int num_threads, double min_seconds = 0.1);
 
+// The same for AMX-BF16 tiles (tdpbf16ps on four independent accumulator tiles, 16·16·32
+// multiply-adds each) where attention runs them; gflops 0 and target "none" elsewhere.
+FmaPeak measure_amx_peak(int num_threads, double min_seconds = 0.1);
+
 }  // namespace attend::bench

@@ -2,6 +2,7 @@
 #include "bench/measure.hpp"
 
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +22,12 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+double process_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
 double median_of(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t mid = values.size() / 2;
@@ -38,10 +45,11 @@ RepeatedTiming time_repeated(const std::function<void()>& call, int repetitions,
     throw Error("min time must be >= 0 seconds, got " + std::to_string(min_seconds));
   }
   call();  // warm-up: page faults, OpenMP thread start, dispatch initialization
-  std::vector<double> per_call;
+  std::vector<double> per_call, cpu_per_call;
   RepeatedTiming timing;
   for (int r = 0; r < repetitions; ++r) {
     int64_t calls = 0;
+    const double cpu_start = process_cpu_seconds();
     const auto start = Clock::now();
     double elapsed = 0;
     do {
@@ -50,10 +58,12 @@ RepeatedTiming time_repeated(const std::function<void()>& call, int repetitions,
       elapsed = seconds_since(start);
     } while (elapsed < min_seconds);
     per_call.push_back(elapsed / static_cast<double>(calls));
+    cpu_per_call.push_back((process_cpu_seconds() - cpu_start) / static_cast<double>(calls));
     timing.calls_per_repetition = std::max(timing.calls_per_repetition, calls);
   }
   timing.best_seconds = *std::min_element(per_call.begin(), per_call.end());
   timing.median_seconds = median_of(per_call);
+  timing.median_cpu_seconds = median_of(cpu_per_call);
   return timing;
 }
 

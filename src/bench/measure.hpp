@@ -11,6 +11,9 @@ struct RepeatedTiming {
   double median_seconds = 0;  // per call: the median over repetitions
   double best_seconds = 0;    // per call: the fastest repetition
   int64_t calls_per_repetition = 0;
+  // Process CPU time per call (all threads), the median over repetitions: on a shared host
+  // it leaves out the time other processes hold the cores (not what they take from caches).
+  double median_cpu_seconds = 0;
 };
 
 // One untimed warm-up call, then `repetitions` repetitions; each repeats `call` until it has

@@ -37,7 +37,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
+#include "shape_policy.hpp"
 #include "simd_dispatch.hpp"
 
 // Each once per target, in this order (each uses what the ones before it define):
@@ -49,8 +51,10 @@
 #include "kernels/forward_common-inl.h"
 // register transposes and the packed K/V copy;
 #include "kernels/packing-inl.h"
-// bfloat16 products (AVX512_BF16): operand pairs and register blocks;
-#include "kernels/bf16_products-inl.h"
+// bfloat16 products (AVX512_BF16): pair packing and register blocks;
+#include "kernels/isa/avx512_bf16-inl.h"
+// bfloat16 products on AMX tiles: the same interface;
+#include "kernels/isa/amx_bf16-inl.h"
 // the query-tile kernel;
 #include "kernels/query_tiles-inl.h"
 // the row-group kernel;
@@ -77,23 +81,33 @@ void RunAllRows(const SdpaParams& p) {
       groups.share(p));
 }
 
-template <int QV, bool BF16>
+// Products: void (float32 products) or a bfloat16 products struct (isa/).
+template <int QV, class Products>
 void RunAllTiles(const SdpaParams& p) {
   constexpr int64_t tq = QV * kLanes;
   const int64_t tiles_per_batch = (p.query_len + tq - 1) / tq;
-  const bool pack = ShouldPackKeysAndValues(p);
+  const bool pack = ShouldPackKeysAndValues(p, kLanes);
   RunItems<Workspace>(
       p, p.batch * tiles_per_batch, tq,
       [&](Workspace& ws, int64_t item, KeySpan span) {
         const int64_t q0 = (item % tiles_per_batch) * tq;
         Tile tile = MakeTile(p, item / tiles_per_batch, q0, std::min(tq, p.query_len - q0));
-        if constexpr (BF16) {
+#if ATTEND_AMX_BF16
+        if constexpr (kTakesTileOperands<Products>) {
+          ws.amx.Pack(tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
+                      p.head_dim, p.value_dim, span.begin, span.count);
+          const amx::TileScope tiles;
+          TileAttention<QV, Products>(p, ws).Run(tile, span);
+          return;
+        }
+#endif
+        if constexpr (!std::is_void_v<Products>) {
           ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
                        span.begin, span.count);
-        } else if (pack && span.partial == nullptr) {
+        } else if (p.half_kv() || (pack && span.partial == nullptr)) {
           PackKeysAndValues(p, ws.packed, tile);
         }
-        TileAttention<QV, BF16>(p, ws).Run(tile, span);
+        TileAttention<QV, Products>(p, ws).Run(tile, span);
       },
       [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
         batch = item / tiles_per_batch;
@@ -102,30 +116,30 @@ void RunAllTiles(const SdpaParams& p) {
       });
 }
 
-// Row groups while a query tile would be at most half full (see fused_sdpa_rows_rejects);
-// else query tiles of as many vectors as the queries fill, up to 4.
-bool RowsFit(const SdpaParams& p) { return 2 * p.query_len <= kLanes; }
-
 void FusedSdpaRows(const SdpaParams& p) { RunAllRows(p); }
 
-template <bool BF16>
+// Query tiles of TileVectors(Lq) vectors (shape_policy.hpp).
+template <class Products>
 void RunTilesOfHeight(const SdpaParams& p) {
-  const int64_t vectors = (p.query_len + kLanes - 1) / kLanes;
-  if (vectors >= 4) return RunAllTiles<4, BF16>(p);
-  if (vectors == 3) return RunAllTiles<3, BF16>(p);
-  if (vectors == 2) return RunAllTiles<2, BF16>(p);
-  return RunAllTiles<1, BF16>(p);
+  const int64_t vectors = TileVectors(p.query_len, kLanes);
+  if (vectors == 4) return RunAllTiles<4, Products>(p);
+  if (vectors == 3) return RunAllTiles<3, Products>(p);
+  if (vectors == 2) return RunAllTiles<2, Products>(p);
+  return RunAllTiles<1, Products>(p);
 }
 
 void FusedSdpaTiles(const SdpaParams& p) {
   if (p.bf16_products()) {
-#if ATTEND_BF16_PRODUCTS
-    return RunTilesOfHeight<true>(p);
+#if ATTEND_AMX_BF16
+    if (p.amx_tiles) return RunTilesOfHeight<AmxBf16>(p);
+#endif
+#if ATTEND_AVX512_BF16
+    return RunTilesOfHeight<Avx512Bf16>(p);
 #else
     HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
 #endif
   }
-  RunTilesOfHeight<false>(p);
+  RunTilesOfHeight<void>(p);
 }
 
 int64_t FusedLanes() { return kLanes; }
@@ -138,7 +152,7 @@ FusedPlan PlanFused(const SdpaParams& p, bool rows) {
     items = groups.count;
     share = groups.share(p);
   } else {
-    const int64_t tq = std::min<int64_t>((p.query_len + kLanes - 1) / kLanes, 4) * kLanes;
+    const int64_t tq = TileVectors(p.query_len, kLanes) * kLanes;
     items = p.batch * ((p.query_len + tq - 1) / tq);
   }
   return {rows, items, PlanKeySplit(p, items, share).chunks};
@@ -158,17 +172,18 @@ HWY_EXPORT(PlanFused);
 
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
   if (params.bf16_products()) return "bfloat16 products run in query tiles";
-  // K and V only the row groups read (another storage format, a block table): any Lq.
-  if (params.stored_kv() || params.block_table != nullptr) return nullptr;
-  const int64_t lanes = ATTEND_DISPATCH(FusedLanes)();
-  if (2 * params.query_len <= lanes) return nullptr;
+  // K and V only the row groups read (a block table, a format the tiles do not widen): any Lq.
+  if (params.block_table != nullptr || (params.stored_kv() && !params.half_kv())) return nullptr;
+  if (RunsInRowGroups(params.query_len, ATTEND_DISPATCH(FusedLanes)())) return nullptr;
   return "more queries than half the SIMD lanes (a query tile fills better)";
 }
 
 void fused_sdpa_rows(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaRows)(params); }
 
 const char* fused_sdpa_tiles_rejects(const SdpaParams& params) {
-  if (params.stored_kv()) return "K and V in a storage format the row groups read";
+  if (params.stored_kv() && !params.half_kv()) {
+    return "K and V in a storage format only the row groups read";
+  }
   if (params.block_table != nullptr) return "K and V through a block table (the row groups)";
   return nullptr;
 }

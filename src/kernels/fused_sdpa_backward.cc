@@ -37,12 +37,15 @@
 #include "dropout.hpp"
 #include "half.hpp"
 #include "score_rule_layer.hpp"
+#include "shape_policy.hpp"
 #include "simd_dispatch.hpp"
 
 // Exp2, kLog2e, DenormalsAreZero and ParallelItems, once per target.
 #include "kernels/kernel_common-inl.h"
 // The score rules a vector at a time, once per target.
 #include "kernels/score_rules-inl.h"
+// bfloat16 products (AVX512_BF16).
+#include "kernels/isa/avx512_bf16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -52,7 +55,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Query tile: up to 4 vectors (64 queries on AVX-512), as many as the queries fill, as the
 // forward. Key tile: 64 keys, so that the dK and dV accumulators (64 × E floats each, 32 KiB
 // at E = 128) stay in L1/L2 while every query tile passes.
-constexpr int64_t kMaxQueryVectors = 4;
+constexpr int64_t kMaxQueryVectors = kMaxTileVectors;  // shape_policy.hpp: TileVectors
 constexpr int64_t kKeyTile = 64;
 // Register blocks of the products: up to kAccumulators vector accumulators, ROWS rows of
 // broadcast A × VECS vectors of B with ROWS·VECS = kAccumulators (6 × 4, 12 × 2, 24 × 1 on
@@ -96,147 +99,80 @@ HWY_INLINE void Block(int64_t depth, const float* a, int64_t a_row, int64_t a_co
   }
 }
 
-// bfloat16 products (SdpaParams::bf16_backward, AVX-512 targets with AVX512_BF16): the same
-// block with k counting pairs, a(m, k) a 32-bit pair of bfloat16 (two consecutive k)
-// broadcast and b's rows pairs (b[2k][n], b[2k + 1][n]) interleaved, two multiply-adds per
-// lane and vdpbf16ps (bf16_products-inl.h describes the instruction).
+// bfloat16 products (SdpaParams::bf16_backward): the products struct of isa/ (AVX-512
+// targets with AVX512_BF16), its A the rows of pairs a(m, k) = a[m·a_row + k·a_col] and its B
+// the rows of pairs (b[2k][n], b[2k + 1][n]).
 #undef ATTEND_BACKWARD_BF16
-#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+#if ATTEND_AVX512_BF16
 #define ATTEND_BACKWARD_BF16 1
-#define ATTEND_BF16_FN __attribute__((noinline, target("avx512bf16")))
-template <int ROWS, int VECS>
-ATTEND_BF16_FN void BlockBf16(int64_t pairs, const uint32_t* a, int64_t a_row, int64_t a_col,
-                              const uint32_t* HWY_RESTRICT b, int64_t b_row, float* HWY_RESTRICT c,
-                              int64_t c_row, bool accumulate) {
-  __m512 acc[ROWS][VECS];
-  _Pragma("GCC unroll 24") for (int m = 0; m < ROWS; ++m) {
-    _Pragma("GCC unroll 4") for (int v = 0; v < VECS; ++v) {
-      acc[m][v] = accumulate ? _mm512_load_ps(c + m * c_row + v * 16) : _mm512_setzero_ps();
-    }
-  }
-  for (int64_t k = 0; k < pairs; ++k) {
-    __m512bh bv[VECS];
-    _Pragma("GCC unroll 4") for (int v = 0; v < VECS; ++v) {
-      bv[v] = reinterpret_cast<__m512bh>(_mm512_load_si512(b + k * b_row + v * 16));
-    }
-    _Pragma("GCC unroll 24") for (int m = 0; m < ROWS; ++m) {
-      const auto av = reinterpret_cast<__m512bh>(
-          _mm512_set1_epi32(static_cast<int32_t>(a[m * a_row + k * a_col])));
-      _Pragma("GCC unroll 4") for (int v = 0; v < VECS; ++v) {
-        acc[m][v] = _mm512_dpbf16_ps(acc[m][v], av, bv[v]);
-      }
-    }
-  }
-  _Pragma("GCC unroll 24") for (int m = 0; m < ROWS; ++m) {
-    _Pragma("GCC unroll 4") for (int v = 0; v < VECS; ++v) {
-      _mm512_store_ps(c + m * c_row + v * 16, acc[m][v]);
-    }
-  }
-}
-
-// dst[i] = (src[2i], src[2i + 1]) rounded to bfloat16 (nearest even) for i < ⌈n/2⌉ (an odd
-// n's last pair (src[n − 1], 0)).
-ATTEND_BF16_FN void PairsAlongRow(const float* src, int64_t n, uint32_t* dst) {
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m512bh halves =
-        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
-    _mm512_storeu_si512(dst + i / 2, reinterpret_cast<__m512i>(halves));
-  }
-  for (; i < n; i += 2) {
-    const uint32_t second = i + 1 < n ? bf16_from_f32(src[i + 1]) : 0u;
-    dst[i / 2] = uint32_t{bf16_from_f32(src[i])} | (second << 16);
-  }
-}
-
-// dst[c] = (first[c], second[c]) rounded to bfloat16 for c < n (a multiple of 16); second
-// null: zeros.
-ATTEND_BF16_FN void PairsAcrossRows(const float* first, const float* second, int64_t n,
-                                    uint32_t* dst) {
-  alignas(64) static constexpr uint16_t kInterleave[32] = {
-      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i interleave = _mm512_load_si512(kInterleave);
-  for (int64_t c = 0; c < n; c += 16) {
-    const __m512 a = _mm512_loadu_ps(first + c);
-    const __m512 b = second ? _mm512_loadu_ps(second + c) : _mm512_setzero_ps();
-    const auto halves = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));
-    _mm512_storeu_si512(dst + c, _mm512_permutexvar_epi16(interleave, halves));
-  }
-}
+using Products = Avx512Bf16;
 #else
 #define ATTEND_BACKWARD_BF16 0
 #endif
 
-// One register block, float32 (A = float) or bfloat16 pairs (A = uint32_t).
-template <int ROWS, int VECS, class A>
-HWY_INLINE void AnyBlock(int64_t depth, const A* a, int64_t a_row, int64_t a_col, const A* b,
-                         int64_t b_row, float* c, int64_t c_row, bool accumulate) {
-  if constexpr (std::is_same_v<A, float>) {
-    Block<ROWS, VECS>(depth, a, a_row, a_col, b, b_row, c, c_row, accumulate);
-  } else {
-#if ATTEND_BACKWARD_BF16
-    BlockBf16<ROWS, VECS>(depth, a, a_row, a_col, b, b_row, c, c_row, accumulate);
-#else
-    HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
-#endif
-  }
-}
-
 // The product over `rows` × `vectors` (c[m][0, vectors·lanes)), in register blocks.
-template <int VECS, class A>
-HWY_INLINE void ProductColumns(int64_t rows, int64_t depth, const A* a, int64_t a_row,
-                               int64_t a_col, const A* b, int64_t b_row, float* c, int64_t c_row,
-                               bool accumulate) {
+template <int VECS>
+HWY_INLINE void ProductColumns(int64_t rows, int64_t depth, const float* a, int64_t a_row,
+                               int64_t a_col, const float* b, int64_t b_row, float* c,
+                               int64_t c_row, bool accumulate) {
   constexpr int kBlockRows = kAccumulators / VECS;
   int64_t m = 0;
   for (; m + kBlockRows <= rows; m += kBlockRows) {
-    AnyBlock<kBlockRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
-                               accumulate);
+    Block<kBlockRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
+                            accumulate);
   }
   for (; m + kTailRows <= rows; m += kTailRows) {
-    AnyBlock<kTailRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
-                              accumulate);
+    Block<kTailRows, VECS>(depth, a + m * a_row, a_row, a_col, b, b_row, c + m * c_row, c_row,
+                           accumulate);
   }
   // The last rows - m < kTailRows rows in one narrower block (64 = 10·6 + 4 on AVX-512).
-  const A* a_tail = a + m * a_row;
+  const float* a_tail = a + m * a_row;
   float* c_tail = c + m * c_row;
   switch (rows - m) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
     case 5:
-      return AnyBlock<5, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return Block<5, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
     case 4:
-      return AnyBlock<4, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return Block<4, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
     case 3:
-      return AnyBlock<3, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return Block<3, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
 #endif
     case 2:
-      return AnyBlock<2, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return Block<2, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
     case 1:
-      return AnyBlock<1, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
+      return Block<1, VECS>(depth, a_tail, a_row, a_col, b, b_row, c_tail, c_row, accumulate);
     default:
       return;
   }
 }
 
 // c[m][n] (+)= Σ_k a(m, k)·b[k][n] over rows × vectors of n; with A = uint32_t, `depth`
-// counts pairs of k (bfloat16 products, see BlockBf16).
+// counts pairs of k (bfloat16 products: Products::Product).
 template <class A>
 void Product(int64_t rows, int64_t vectors, int64_t depth, const A* a, int64_t a_row, int64_t a_col,
              const A* b, int64_t b_row, float* c, int64_t c_row, bool accumulate) {
-  int64_t v = 0;
-  for (; v + kVectors <= vectors; v += kVectors) {
-    ProductColumns<kVectors>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
-                             c_row, accumulate);
-  }
-  if (kVectors > 2 && v + 2 <= vectors) {
-    ProductColumns<2>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes, c_row,
-                      accumulate);
-    v += 2;
-  }
-  if (v < vectors) {
-    ProductColumns<1>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes, c_row,
-                      accumulate);
+  if constexpr (std::is_same_v<A, uint32_t>) {
+#if ATTEND_BACKWARD_BF16
+    Products::Product(rows, vectors, depth, PairsA{a, a_row, a_col}, PairsB{b, b_row},
+                      PairsC{c, c_row, accumulate ? PairStart::kAccumulate : PairStart::kZero});
+#else
+    HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
+#endif
+  } else {
+    int64_t v = 0;
+    for (; v + kVectors <= vectors; v += kVectors) {
+      ProductColumns<kVectors>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
+                               c_row, accumulate);
+    }
+    if (kVectors > 2 && v + 2 <= vectors) {
+      ProductColumns<2>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes, c_row,
+                        accumulate);
+      v += 2;
+    }
+    if (v < vectors) {
+      ProductColumns<1>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes, c_row,
+                        accumulate);
+    }
   }
 }
 
@@ -286,7 +222,7 @@ struct BackwardWorkspace {
   bool bf16_ok = true;
 
   explicit BackwardWorkspace(const SdpaParams& p)
-      : tq(std::min(kMaxQueryVectors, (p.query_len + kLanes - 1) / kLanes) * kLanes),
+      : tq(TileVectors(p.query_len, kLanes) * kLanes),
         lq_pad(RoundUp(std::max<int64_t>(p.query_len, 1), tq)),
         e_pad(RoundUp(p.head_dim, kLanes)),
         ev_pad(RoundUp(p.value_dim, kLanes)) {
@@ -431,19 +367,23 @@ class BackwardItem {
       const float* q_t = ws_.query_t.get() + t0 * e;
       const float* g_t = ws_.dout_t.get() + t0 * ev;
       for (int64_t i = 0; i < e2; ++i) {
-        PairsAcrossRows(q_t + 2 * i * tq, 2 * i + 1 < e ? q_t + (2 * i + 1) * tq : nullptr, tq,
-                        ws_.query_pairs_t.get() + t0 * e2 + i * tq);
+        Products::PairsAcrossRows(q_t + 2 * i * tq,
+                                  2 * i + 1 < e ? q_t + (2 * i + 1) * tq : nullptr, tq,
+                                  ws_.query_pairs_t.get() + t0 * e2 + i * tq);
       }
       for (int64_t i = 0; i < ev2; ++i) {
-        PairsAcrossRows(g_t + 2 * i * tq, 2 * i + 1 < ev ? g_t + (2 * i + 1) * tq : nullptr, tq,
-                        ws_.dout_pairs_t.get() + t0 * ev2 + i * tq);
+        Products::PairsAcrossRows(g_t + 2 * i * tq,
+                                  2 * i + 1 < ev ? g_t + (2 * i + 1) * tq : nullptr, tq,
+                                  ws_.dout_pairs_t.get() + t0 * ev2 + i * tq);
       }
     }
     for (int64_t i = 0; i < ws_.lq_pad; i += 2) {
-      PairsAcrossRows(ws_.query.get() + i * ws_.e_pad, ws_.query.get() + (i + 1) * ws_.e_pad,
-                      ws_.e_pad, ws_.query_pairs.get() + i / 2 * ws_.e_pad);
-      PairsAcrossRows(ws_.dout.get() + i * ws_.ev_pad, ws_.dout.get() + (i + 1) * ws_.ev_pad,
-                      ws_.ev_pad, ws_.dout_pairs.get() + i / 2 * ws_.ev_pad);
+      Products::PairsAcrossRows(ws_.query.get() + i * ws_.e_pad,
+                                ws_.query.get() + (i + 1) * ws_.e_pad, ws_.e_pad,
+                                ws_.query_pairs.get() + i / 2 * ws_.e_pad);
+      Products::PairsAcrossRows(ws_.dout.get() + i * ws_.ev_pad,
+                                ws_.dout.get() + (i + 1) * ws_.ev_pad, ws_.ev_pad,
+                                ws_.dout_pairs.get() + i / 2 * ws_.ev_pad);
     }
 #endif
   }
@@ -453,14 +393,14 @@ class BackwardItem {
 #if ATTEND_BACKWARD_BF16
     const int64_t e_pad = ws_.e_pad, ev_half = ws_.ev_pad / 2;
     for (int64_t j = 0; j < keys; ++j) {
-      PairsAlongRow(ws_.key.get() + j * e_pad, e_pad, ws_.key_rows.get() + j * e_pad / 2);
-      PairsAlongRow(value_ + (k0 + j) * p_.value_strides.row, p_.value_dim,
-                    ws_.value_rows.get() + j * ev_half);
+      Products::PairsAlongRow(ws_.key.get() + j * e_pad, e_pad, ws_.key_rows.get() + j * e_pad / 2);
+      Products::PairsAlongRow(value_ + (k0 + j) * p_.value_strides.row, p_.value_dim,
+                              ws_.value_rows.get() + j * ev_half);
     }
     for (int64_t j = 0; j < keys; j += 2) {
-      PairsAcrossRows(ws_.key.get() + j * e_pad,
-                      j + 1 < keys ? ws_.key.get() + (j + 1) * e_pad : nullptr, e_pad,
-                      ws_.key_pairs.get() + j / 2 * e_pad);
+      Products::PairsAcrossRows(ws_.key.get() + j * e_pad,
+                                j + 1 < keys ? ws_.key.get() + (j + 1) * e_pad : nullptr, e_pad,
+                                ws_.key_pairs.get() + j / 2 * e_pad);
     }
 #else
     (void)k0, (void)keys;
@@ -581,12 +521,12 @@ class BackwardItem {
     const float* prob_t = ws_.prob_t.get();
     const float* grad_t = ws_.grad_t.get();
     for (int64_t j = 0; j < keys; ++j) {
-      PairsAlongRow(prob_t + j * tq, tq, ws_.prob_pairs.get() + j * tq / 2);
-      PairsAlongRow(grad_t + j * tq, tq, ws_.grad_pairs.get() + j * tq / 2);
+      Products::PairsAlongRow(prob_t + j * tq, tq, ws_.prob_pairs.get() + j * tq / 2);
+      Products::PairsAlongRow(grad_t + j * tq, tq, ws_.grad_pairs.get() + j * tq / 2);
     }
     for (int64_t j = 0; j < keys; j += 2) {
-      PairsAcrossRows(grad_t + j * tq, j + 1 < keys ? grad_t + (j + 1) * tq : nullptr, tq,
-                      ws_.grad_pairs_t.get() + j / 2 * tq);
+      Products::PairsAcrossRows(grad_t + j * tq, j + 1 < keys ? grad_t + (j + 1) * tq : nullptr, tq,
+                                ws_.grad_pairs_t.get() + j / 2 * tq);
     }
 #else
     (void)keys;

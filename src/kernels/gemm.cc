@@ -27,6 +27,8 @@
 
 // QuadSums, once per target.
 #include "kernels/kernel_common-inl.h"
+// bfloat16 products (AVX512_BF16).
+#include "kernels/isa/avx512_bf16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -174,73 +176,26 @@ void ForEachTile(const LinearParams& p, int threads, int64_t width, const Micro&
   }
 }
 
-// bfloat16 products (AVX-512 targets with AVX512_BF16): the same tile from a bfloat16 input
-// and a panel of bfloat16 pairs, panel[k2][c] = (weight[c][2·k2], weight[c][2·k2 + 1]), two
-// multiply-adds per lane and instruction (bf16_products-inl.h describes vdpbf16ps). An odd
-// depth's last pair has a zero second half in the panel and takes only input[i][K − 1].
+// bfloat16 products (AVX-512 targets with AVX512_BF16, isa/avx512_bf16-inl.h): the input
+// as rows of bfloat16 pairs (A), each panel of 32 columns as pairs across k (B),
+// panel[k2][c] = (weight[c][2·k2], weight[c][2·k2 + 1]); an odd depth's last pair has a zero
+// second half in both. A tile goes through an aligned staging copy of its output rows.
 #undef ATTEND_GEMM_BF16
-#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+#if ATTEND_AVX512_BF16
 #define ATTEND_GEMM_BF16 1
-template <int kRows>
-__attribute__((noinline, target("avx512bf16"))) void MicroKernelBf16(
-    const uint16_t* input, int64_t input_stride, const uint32_t* HWY_RESTRICT panel, int64_t depth,
-    const float* HWY_RESTRICT bias_panel, bool accumulate, float* HWY_RESTRICT output,
-    int64_t output_stride, int64_t valid_columns) {
-  constexpr int64_t kWidth = 32;  // columns per panel: two vectors of 16
-  __m512 acc[kRows][2];
-  HWY_ALIGN float staging[kWidth] = {};
-  _Pragma("GCC unroll 8") for (int r = 0; r < kRows; ++r) {
-    float* out = output + r * output_stride;
-    if (accumulate) {
-      std::memcpy(staging, out, static_cast<size_t>(valid_columns) * sizeof(float));
-      acc[r][0] = _mm512_load_ps(staging);
-      acc[r][1] = _mm512_load_ps(staging + 16);
-    } else {
-      acc[r][0] = bias_panel ? _mm512_load_ps(bias_panel) : _mm512_setzero_ps();
-      acc[r][1] = bias_panel ? _mm512_load_ps(bias_panel + 16) : _mm512_setzero_ps();
-    }
-  }
-  const int64_t pairs = (depth + 1) / 2;
-  for (int64_t k2 = 0; k2 < pairs; ++k2) {
-    const auto w0 = reinterpret_cast<__m512bh>(_mm512_load_si512(panel + k2 * kWidth));
-    const auto w1 = reinterpret_cast<__m512bh>(_mm512_load_si512(panel + k2 * kWidth + 16));
-    const bool half = 2 * k2 + 1 == depth;
-    _Pragma("GCC unroll 8") for (int r = 0; r < kRows; ++r) {
-      const uint16_t* row = input + r * input_stride + 2 * k2;
-      uint32_t pair = row[0];
-      if (!half) std::memcpy(&pair, row, sizeof(pair));
-      const auto a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int32_t>(pair)));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
-    }
-  }
-  _Pragma("GCC unroll 8") for (int r = 0; r < kRows; ++r) {
-    _mm512_store_ps(staging, acc[r][0]);
-    _mm512_store_ps(staging + 16, acc[r][1]);
-    std::memcpy(output + r * output_stride, staging,
-                static_cast<size_t>(valid_columns) * sizeof(float));
-  }
-}
-using MicroKernelBf16Fn = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, const float*,
-                                   bool, float*, int64_t, int64_t);
-constexpr MicroKernelBf16Fn kMicroKernelsBf16[kMicroRows + 1] = {nullptr,
-                                                                 MicroKernelBf16<1>,
-                                                                 MicroKernelBf16<2>,
-                                                                 MicroKernelBf16<3>,
-                                                                 MicroKernelBf16<4>,
-                                                                 MicroKernelBf16<5>,
-                                                                 MicroKernelBf16<6>};
+using Products = Avx512Bf16;
 
-// The packed path with bfloat16 products: panels of 32 columns of bfloat16 pairs.
 void LinearBf16(const LinearParams& p, int threads) {
   constexpr int64_t kWidth = 32;
   const int64_t panels = (p.columns + kWidth - 1) / kWidth;
-  const int64_t pairs = std::max<int64_t>((p.depth + 1) / 2, 1);
+  const int64_t pairs = std::max<int64_t>(PairsOf(p.depth), 1);
   auto packed = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(panels * pairs * kWidth));
   auto packed_bias = hwy::AllocateAligned<float>(static_cast<size_t>(panels * kWidth));
-  if (!packed || !packed_bias) {
-    throw Error("linear: cannot allocate " + std::to_string(panels * pairs * kWidth * 4) +
-                " bytes to pack the weight");
+  auto input = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(p.rows * pairs));
+  if (!packed || !packed_bias || !input) {
+    throw Error("linear: cannot allocate " +
+                std::to_string((panels * kWidth + p.rows) * pairs * 4) +
+                " bytes to pack the operands");
   }
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t panel = 0; panel < panels; ++panel) {
@@ -251,18 +206,32 @@ void LinearBf16(const LinearParams& p, int threads) {
           (column < p.columns && p.bias) ? p.bias[column] : 0.0f;
       const float* w = column < p.columns ? p.weight + column * p.weight_row_stride : nullptr;
       for (int64_t k2 = 0; k2 < pairs; ++k2) {
-        const uint32_t lo = w && 2 * k2 < p.depth ? bf16_from_f32(w[2 * k2]) : 0u;
-        const uint32_t hi = w && 2 * k2 + 1 < p.depth ? bf16_from_f32(w[2 * k2 + 1]) : 0u;
-        out[k2 * kWidth + c] = lo | (hi << 16);
+        const float lo = w && 2 * k2 < p.depth ? w[2 * k2] : 0.0f;
+        const float hi = w && 2 * k2 + 1 < p.depth ? w[2 * k2 + 1] : 0.0f;
+        out[k2 * kWidth + c] = PairOfFloats(lo, hi);
       }
     }
   }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t m = 0; m < p.rows; ++m) {
+    uint32_t* row = input.get() + m * pairs;
+    HalfPairsAlongRow(p.input_bf16 + m * p.input_row_stride, p.depth, row, 1);
+  }
   ForEachTile(p, threads, kWidth, [&](const Tile& t) {
-    kMicroKernelsBf16[t.rows](p.input_bf16 + t.row * p.input_row_stride + t.k0, p.input_row_stride,
-                              packed.get() + t.panel * pairs * kWidth + t.k0 / 2 * kWidth, t.depth,
-                              p.bias ? packed_bias.get() + t.panel * kWidth : nullptr, t.k0 > 0,
-                              p.output + t.row * p.output_row_stride + t.first_column,
-                              p.output_row_stride, t.valid_columns);
+    HWY_ALIGN float staging[kMicroRows * kWidth] = {};
+    for (int64_t r = 0; r < t.rows; ++r) {
+      float* out = p.output + (t.row + r) * p.output_row_stride + t.first_column;
+      const float* start = t.k0 > 0 ? out : p.bias ? packed_bias.get() + t.panel * kWidth : nullptr;
+      if (start) std::memcpy(staging + r * kWidth, start, static_cast<size_t>(t.valid_columns) * 4);
+    }
+    const PairsA a{input.get() + t.row * pairs + t.k0 / 2, pairs, 1};
+    const PairsB b{packed.get() + t.panel * pairs * kWidth + t.k0 / 2 * kWidth, kWidth};
+    Products::Product(t.rows, kWidth / 16, PairsOf(t.depth), a, b,
+                      PairsC{staging, kWidth, PairStart::kAccumulate});
+    for (int64_t r = 0; r < t.rows; ++r) {
+      std::memcpy(p.output + (t.row + r) * p.output_row_stride + t.first_column,
+                  staging + r * kWidth, static_cast<size_t>(t.valid_columns) * 4);
+    }
   });
 }
 #else

@@ -72,7 +72,7 @@ std::string chosen_kernel(const SdpaParams& params, Backend backend) {
   if (c.backend == Backend::kFused) {
     const FusedPlan plan = fused_sdpa_plan(params, c.run == fused_sdpa_rows);
     if (params.bf16_products()) {
-      name += " (bfloat16 products)";
+      name += params.amx_tiles ? " (bfloat16 products, AMX tiles)" : " (bfloat16 products)";
     } else if (params.stored_kv()) {
       name += std::string(" (") + dtype_name(params.kv_format) + " K/V)";
     }

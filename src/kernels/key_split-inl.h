@@ -19,46 +19,15 @@
 
 #include "attend/error.hpp"
 #include "sdpa_params.hpp"
+#include "shape_policy.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Key split (FlashDecoding's split-KV): with fewer work items than kSplitItems (decoding
-// over a long cache with few heads, a few query tiles against many keys), the keys are cut
-// into chunks that run as separate work items, so that every core reads its share of K and
-// V; the chunks' partial results are then merged by their maxima and sums. The split
-// depends on the shape only, never on the thread count, so results are bitwise the same at
-// any thread count. Chunks are whole multiples of kSplitGranule keys (whole key tiles, and
-// a multiple of 4 as dropout draws 4 keys per word). Not with weights, whose normalization
-// needs the whole row in one place.
-constexpr int64_t kSplitItems = 16;     // work items wanted: the cores of a large machine
-constexpr int64_t kSplitGranule = 256;  // keys: ≥ 16 KiB of K and V per row at E = 8
+// The key split (shape_policy.hpp: PlanKeySplit): chunks of whole key tiles.
 static_assert(kSplitGranule % kKeyTile == 0 && kSplitGranule % 4 == 0);
-
-// Work items that read the same K and V (the query heads of one K/V head, a head's several
-// row groups: `share` consecutive items) run each chunk of kShareChunk keys one after the
-// other on one thread: K and V come from memory once per chunk and from cache (512 keys of
-// E = Ev = 128 float32: 512 KiB) for the group's other items.
-constexpr int64_t kShareChunk = 512;
-static_assert(kShareChunk % kSplitGranule == 0);
-
-struct KeySplit {
-  int64_t chunks;
-  int64_t chunk_len;
-};
-
-KeySplit PlanKeySplit(const SdpaParams& p, int64_t items, int64_t share = 1) {
-  if (p.weights == nullptr && share > 1 && p.key_len >= 2 * kShareChunk) {
-    return {(p.key_len + kShareChunk - 1) / kShareChunk, kShareChunk};
-  }
-  const int64_t wanted = std::min((kSplitItems + items - 1) / items, p.key_len / kSplitGranule);
-  if (p.weights != nullptr || wanted < 2) return {1, p.key_len};
-  const int64_t chunk_len =
-      (p.key_len + wanted * kSplitGranule - 1) / (wanted * kSplitGranule) * kSplitGranule;
-  return {(p.key_len + chunk_len - 1) / chunk_len, chunk_len};
-}
 
 // Row r of a work item from its chunks' partial results: with M = max_c m_c and
 // α_c = 2^(m_c − M), output = Σ_c α_c·o_c / Σ_c α_c·l_c (chunks in order: deterministic).

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "sdpa_params.hpp"
+#include "shape_policy.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -71,36 +72,42 @@ HWY_INLINE void TransposeSquare(VF* v) {
 #define ATTEND_BLOCK_SHUFFLES 0
 #endif
 
-// Query tiles read all of K and V once per tile. When the rows of K or V are not adjacent
-// (heads interleaved, as in (N, L, H, D) views or the (N, L, 3, H, D) projections of a
-// multi-head layer), a batch index's keys are spread over H (or 3H) times the memory, and
-// every pass over them misses in L2 and the TLB: at unet's shape (L 4096, E 32) rows 384
-// floats apart made the kernel 1.2–1.4× slower than contiguous ones. Each thread then first
-// copies the K and V of the batch index it works on into a contiguous buffer of
-// Lk·(E + Ev) floats (at most kMaxPackedFloats), which its tiles of that batch index read:
-// one copy per thread and batch index against one pass per query tile. Only with several
-// query tiles per batch index, and not for the chunks of a key split (few tiles).
-constexpr int64_t kMaxPackedFloats = int64_t{8} << 20;  // 32 MiB per thread
-// Queries per query tile at most (4 vectors, see query_tiles-inl.h).
-constexpr int64_t kMaxTileQueries = 4 * kLanes;
-
-bool ShouldPackKeysAndValues(const SdpaParams& p) {
-  const bool interleaved = p.key_strides.row != p.head_dim || p.value_strides.row != p.value_dim;
-  return interleaved && p.query_len > kMaxTileQueries &&
-         p.key_len * (p.head_dim + p.value_dim) <= kMaxPackedFloats;
-}
-
-// One thread's contiguous copy of a batch index's K [Lk][E] and V [Lk][Ev] (allocated at the
-// first use; null if that failed), and the operands it was copied from.
+// One thread's contiguous float32 copy of a batch index's K [Lk][E] and V [Lk][Ev], and the
+// operands it was copied from. Made for two reasons (shape_policy.hpp):
+//  - float32 K/V whose rows interleave other heads' (ShouldPackKeysAndValues; allocated at
+//    the first use, null if that failed);
+//  - half-precision K/V computed in float32 (SdpaParams::half_kv: bfloat16, or float16 where
+//    the target widens exactly), widened here once per thread and batch index in place of a
+//    float32 copy of the whole operands before the call; the tiles' arithmetic and results
+//    are those of float32 operands. Allocated with the workspace (the boundary sends
+//    operands beyond kMaxPackedFloats as float32).
 struct PackedOperands {
   hwy::AlignedFreeUniquePtr<float[]> buffer;
-  const float* key_from = nullptr;
-  const float* value_from = nullptr;
+  const void* key_from = nullptr;
+  const void* value_from = nullptr;
 };
 
-// Points `tile` at a contiguous copy of its K and V in `packed` (made when the thread's last
-// copy was of other operands); leaves it reading the operands if the buffer cannot be
-// allocated.
+// to[j][0, n) = from[j·stride + i] widened to float32, for rows j < rows.
+template <class Half>
+void WidenRows(DType dtype, const uint16_t* from, int64_t stride, int64_t rows, int64_t n,
+               float* to) {
+  const DF d;
+  const hn::Rebind<Half, DF> dh;
+  for (int64_t j = 0; j < rows; ++j) {
+    const uint16_t* row = from + j * stride;
+    float* out = to + j * n;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const Half*>(row + i))), d,
+                 out + i);
+    }
+    for (; i < n; ++i) out[i] = HalfToFloat(dtype, row[i]);
+  }
+}
+
+// Points `tile` at a contiguous float32 copy of its K and V in `packed` (made when the
+// thread's last copy was of other operands); leaves float32 operands read in place if the
+// buffer cannot be allocated.
 void PackKeysAndValues(const SdpaParams& p, PackedOperands& packed, Tile& tile) {
   const int64_t E = p.head_dim, Ev = p.value_dim;
   if (!packed.buffer) {
@@ -109,13 +116,25 @@ void PackKeysAndValues(const SdpaParams& p, PackedOperands& packed, Tile& tile) 
   }
   float* key = packed.buffer.get();
   float* value = key + p.key_len * E;
-  if (packed.key_from != tile.key || packed.value_from != tile.value) {
-    for (int64_t j = 0; j < p.key_len; ++j) {
-      std::copy_n(tile.key + j * tile.key_stride, E, key + j * E);
-      std::copy_n(tile.value + j * tile.value_stride, Ev, value + j * Ev);
+  const void* key_from = tile.key ? static_cast<const void*>(tile.key) : tile.key_half;
+  const void* value_from = tile.value ? static_cast<const void*>(tile.value) : tile.value_half;
+  if (packed.key_from != key_from || packed.value_from != value_from) {
+    if (tile.key) {
+      for (int64_t j = 0; j < p.key_len; ++j) {
+        std::copy_n(tile.key + j * tile.key_stride, E, key + j * E);
+        std::copy_n(tile.value + j * tile.value_stride, Ev, value + j * Ev);
+      }
+    } else if (p.half_dtype == DType::kFloat16) {
+      WidenRows<hwy::float16_t>(p.half_dtype, tile.key_half, tile.key_stride, p.key_len, E, key);
+      WidenRows<hwy::float16_t>(p.half_dtype, tile.value_half, tile.value_stride, p.key_len, Ev,
+                                value);
+    } else {
+      WidenRows<hwy::bfloat16_t>(p.half_dtype, tile.key_half, tile.key_stride, p.key_len, E, key);
+      WidenRows<hwy::bfloat16_t>(p.half_dtype, tile.value_half, tile.value_stride, p.key_len, Ev,
+                                 value);
     }
-    packed.key_from = tile.key;
-    packed.value_from = tile.value;
+    packed.key_from = key_from;
+    packed.value_from = value_from;
   }
   tile.key = key;
   tile.value = value;

@@ -1,7 +1,8 @@
 // query_tiles-inl.h: the query-tile kernel (TileAttention): a tile of up to 4 vectors of
 // queries along the lanes against key tiles of 128, the online-softmax recurrence per lane
 // (see fused_sdpa.cc), register blocks for Q·Kᵀ and P·V, key tiles the score rules exclude
-// never visited. Compiled once per Highway target (include after packing-inl.h).
+// never visited. Compiled once per Highway target (include after packing-inl.h and the
+// products files of isa/).
 #if defined(ATTEND_KERNELS_QUERY_TILES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTEND_KERNELS_QUERY_TILES_INL_H_
 #undef ATTEND_KERNELS_QUERY_TILES_INL_H_
@@ -16,10 +17,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "dropout.hpp"
+#include "kernels/isa/bf16_pairs.hpp"
 #include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
+#include "shape_policy.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -29,9 +33,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Key tile: 128 keys. The score tile (128 × Tq floats, 32 KiB at Tq = 64) stays in L1 while
 // it is exponentiated and multiplied by V; measured 64–256 within 2% on Zen 5.
 constexpr int64_t kKeyTile = 128;
-// At most 4 query vectors per tile (64 queries on AVX-512): enough rows to amortize each
-// K and V broadcast over 4 FMAs.
-constexpr int kMaxQueryVectors = 4;
+// At most 4 query vectors per tile (shape_policy.hpp: TileVectors).
+constexpr int kMaxQueryVectors = static_cast<int>(kMaxTileVectors);
 // Register blocks: the query vectors of a tile (QV, up to 4) × kScoreKeys keys of score
 // accumulators, and the same query vectors × kValueColumns value columns of output
 // accumulators, kAccumulators in all. 32-register targets: 24 (4×6: 4 + 6 loads per 24
@@ -43,6 +46,89 @@ constexpr int kAccumulators = 24;
 #else
 constexpr int kAccumulators = 8;
 #endif
+
+// bfloat16 products (Products: a struct of isa/, e.g. Avx512Bf16): the query tile's
+// operands as bfloat16 pairs (isa/bf16_pairs.hpp). A lane is one query, so
+//   S:   A = K's pairs along E (rows: keys),            B = the tile's Q pairs [E/2][Tq];
+//   P·V: A = V's pairs across keys, transposed (rows: value columns), B = P's pairs [Tk/2][Tq].
+// Odd E or an odd key count pad the last pair with a zero. The probabilities P are rounded
+// to bfloat16 (nearest even) for the product; the softmax's sum l keeps them in float32, so
+// the output carries a relative error of at most 2^-9 per weight on top of the inputs'
+// rounding (tests/error_model.hpp).
+
+// One thread's bfloat16 operands of its current query tile and K/V span (allocated at the
+// first use by a call that computes in bfloat16; null otherwise).
+struct Bf16Operands {
+  hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs;  // [E/2][Tq]
+  hwy::AlignedFreeUniquePtr<uint32_t[]> prob_pairs;   // [Tk/2][Tq]
+  hwy::AlignedFreeUniquePtr<uint32_t[]> packed;       // key [count][E/2], then value [count/2][Ev]
+  int64_t packed_words = 0;
+  const uint16_t* key_from = nullptr;  // the span packed last: operands and first key
+  const uint16_t* value_from = nullptr;
+  int64_t begin = -1, count = 0;
+  const uint32_t* key = nullptr;    // packed K of the span: row j − begin
+  const uint32_t* value = nullptr;  // packed V of the span: pair row (j − begin) / 2
+
+  bool Allocate(const SdpaParams& p, int64_t tq, int64_t key_tile) {
+    if (!p.bf16_products()) return true;
+    query_pairs = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(PairsOf(p.head_dim) * tq));
+    prob_pairs = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(PairsOf(key_tile) * tq));
+    packed_words = PackedWords(p, p.key_len);
+    packed = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(packed_words));
+    return query_pairs && prob_pairs && packed;
+  }
+
+  // Words of a packed span of `count` keys (at most PackedWords(p, Lk), the size allocated:
+  // Lk·(E + Ev)·2 bytes per thread, which the boundary bounds by kMaxPackedBf16Bytes).
+  static int64_t PackedWords(const SdpaParams& p, int64_t count) {
+    return count * PairsOf(p.head_dim) + PairsOf(count) * p.value_dim;
+  }
+
+  // K and V of keys [begin, begin + count) of the tile's batch index, packed (once per
+  // thread and span; the tiles of one batch index reuse it).
+  void Pack(const SdpaParams& p, const uint16_t* key_rows, int64_t key_stride,
+            const uint16_t* value_rows, int64_t value_stride, int64_t span_begin,
+            int64_t span_count) {
+    if (key_from == key_rows && value_from == value_rows && begin == span_begin &&
+        count == span_count) {
+      return;
+    }
+    const int64_t e2 = PairsOf(p.head_dim), ev = p.value_dim;
+    uint32_t* k = packed.get();
+    uint32_t* v = k + span_count * e2;
+    for (int64_t j = 0; j < span_count; ++j) {
+      HalfPairsAlongRow(key_rows + (span_begin + j) * key_stride, p.head_dim, k + j * e2, 1);
+    }
+    for (int64_t j = 0; j < span_count; j += 2) {
+      const uint16_t* v0 = value_rows + (span_begin + j) * value_stride;
+      HalfPairsAcrossRows(v0, j + 1 < span_count ? v0 + value_stride : nullptr, ev,
+                          v + (j / 2) * ev);
+    }
+    key_from = key_rows;
+    value_from = value_rows;
+    begin = span_begin;
+    count = span_count;
+    key = k;
+    value = v;
+  }
+};
+
+// query_pairs[e2][r] = (Q[q0 + r][2·e2], Q[q0 + r][2·e2 + 1]) for rows r < rows (the rest
+// zero), unscaled: the scale is applied to the float32 scores.
+inline void LoadQueryPairs(const SdpaParams& p, const uint16_t* query_rows, int64_t q0,
+                           int64_t rows, int64_t tq, uint32_t* HWY_RESTRICT query_pairs) {
+  const int64_t e2 = PairsOf(p.head_dim);
+  for (int64_t r = 0; r < rows; ++r) {
+    HalfPairsAlongRow(query_rows + (q0 + r) * p.query_strides.row, p.head_dim, query_pairs + r, tq);
+  }
+  for (int64_t i = 0; i < e2; ++i)
+    std::fill(query_pairs + i * tq + rows, query_pairs + (i + 1) * tq, 0u);
+}
+
+// Whether a products struct takes its operands in the AMX tiles' layout (amx::TileOperands,
+// ws.amx: K rows and Vᵀ zero-padded to whole tiles) rather than Bf16Operands (ws.bf16).
+template <class Products>
+constexpr bool kTakesTileOperands = requires { Products::kTileOperands; };
 
 // Per-thread scratch, allocated once per call and thread (never in the tile loops).
 struct Workspace {
@@ -59,13 +145,18 @@ struct Workspace {
   KeepTile keep;                                 // [Tk][Tq]  pairwise rules' verdicts
   PackedOperands packed;                         // see PackKeysAndValues
   Bf16Operands bf16;                             // bfloat16 products only: see Bf16Operands
+#if ATTEND_AMX_BF16
+  amx::TileOperands amx;                         // the same on AMX tiles (p.amx_tiles)
+#endif
 
   explicit Workspace(const SdpaParams& p) {
     const int64_t tq = kMaxQueryVectors * kLanes;
     query_t = hwy::AllocateAligned<float>(static_cast<size_t>(p.head_dim * tq));
     score_t = hwy::AllocateAligned<float>(static_cast<size_t>(kKeyTile * tq));
-    out_t =
-        hwy::AllocateAligned<float>(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1) * tq));
+    // Rows up to a multiple of 16 for the AMX tiles (the rows past Ev stay zero).
+    const int64_t out_rows = (std::max<int64_t>(p.value_dim, 1) + 15) / 16 * 16;
+    out_t = hwy::AllocateAligned<float>(static_cast<size_t>(out_rows * tq));
+    if (out_t) std::fill_n(out_t.get(), out_rows * tq, 0.0f);
     row_max = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     row_sum = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     alpha = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
@@ -75,12 +166,23 @@ struct Workspace {
     visited = hwy::AllocateAligned<int64_t>(static_cast<size_t>(p.weights ? key_tiles : 1));
     row_rules.Allocate(tq);
     if (has_pairwise_rules(p)) keep.Allocate(kKeyTile, tq);
-    bf16_ok = bf16.Allocate(p, tq, kKeyTile);
+#if ATTEND_AMX_BF16
+    if (p.bf16_products() && p.amx_tiles) {
+      operands_ok = amx.Allocate(p.head_dim, p.value_dim, p.key_len, tq, kKeyTile);
+      return;
+    }
+#endif
+    operands_ok = bf16.Allocate(p, tq, kKeyTile);
+    if (p.half_kv() && !p.bf16_products()) {  // see PackedOperands
+      packed.buffer = hwy::AllocateAligned<float>(
+          static_cast<size_t>(std::max<int64_t>(p.key_len * (p.head_dim + p.value_dim), 1)));
+      operands_ok = operands_ok && packed.buffer;
+    }
   }
-  bool bf16_ok = true;
+  bool operands_ok = true;
   bool ok() const {
     return query_t && score_t && out_t && row_max && row_sum && alpha && visible && tile_max &&
-           visited && row_rules.ok() && keep.ok() && bf16_ok;
+           visited && row_rules.ok() && keep.ok() && operands_ok;
   }
 };
 
@@ -139,11 +241,13 @@ HWY_INLINE void ValueBlock(const float* HWY_RESTRICT score_t, const float* value
   }
 }
 
-// BF16: the two products on AVX512_BF16 (bf16_products-inl.h), from the bfloat16 operands of
-// the tile and of ws.bf16 (packed by the caller); else in float32.
-template <int QV, bool BF16 = false>
+// Products: void for float32 products, else the bfloat16 products struct (isa/, e.g.
+// Avx512Bf16, AmxBf16) that runs the two products from the bfloat16 operands of the tile and
+// of ws.bf16 or ws.amx (packed by the caller; AmxBf16 inside an amx::TileScope).
+template <int QV, class Products = void>
 class TileAttention {
  public:
+  static constexpr bool kPairs = !std::is_void_v<Products>;
   static constexpr int64_t kTq = QV * kLanes;
   // kAccumulators per register block whatever the tile height; at one query vector, 8
   // keys or columns (as many as FMA latency × ports): more would need a load per FMA.
@@ -235,10 +339,9 @@ class TileAttention {
   // until ModifyScores has run, which then applies log2(e).
   void LoadQueries(const Tile& tile) {
     const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
-    if constexpr (BF16) {
+    if constexpr (kPairs) {
       score_factor_ = factor;
-      LoadQueryPairs(p_, tile.query_half, tile.first_query, tile.rows, kTq,
-                     ws_.bf16.query_pairs.get());
+      LoadQueryPairs(p_, tile.query_half, tile.first_query, tile.rows, kTq, QueryPairs());
       return;
     }
     float* query_t = ws_.query_t.get();
@@ -274,8 +377,8 @@ class TileAttention {
   // score_t[j][r] for keys [k0, k0 + keys): Q·Kᵀ, then the modifications and the exclusions of
   // score_rule_layer.hpp (log2 domain from here on).
   void ComputeScores(const Tile& tile, int64_t k0, int64_t keys, TileVerdict verdict) {
-    if constexpr (BF16) {
-      ComputeScoresBf16(k0, keys);
+    if constexpr (kPairs) {
+      ComputeScoresPairs(k0, keys);
     } else {
       ComputeScoresF32(tile, k0, keys);
     }
@@ -313,28 +416,51 @@ class TileAttention {
     }
   }
 
-  // The same with bfloat16 products: K from the span packed in ws_.bf16.
-  void ComputeScoresBf16(int64_t k0, int64_t keys) {
-#if ATTEND_BF16_PRODUCTS
+  // The same with bfloat16 products: K from the span packed in ws_.bf16 (ws_.amx), the scale
+  // applied to the float32 products.
+  void ComputeScoresPairs(int64_t k0, int64_t keys) {
     const int64_t pairs = PairsOf(p_.head_dim);
-    const uint32_t* key = ws_.bf16.key + (k0 - ws_.bf16.begin) * pairs;
-    const uint32_t* query_pairs = ws_.bf16.query_pairs.get();
-    float* score_t = ws_.score_t.get();
-    int64_t j = 0;
-    for (; j + kScoreKeys <= keys; j += kScoreKeys) {
-      ScoreBlockBf16<QV, kScoreKeys>(query_pairs, key + j * pairs, pairs, score_factor_,
-                                     score_t + j * kTq);
-    }
-    for (; j + 2 <= keys; j += 2) {
-      ScoreBlockBf16<QV, 2>(query_pairs, key + j * pairs, pairs, score_factor_, score_t + j * kTq);
-    }
-    for (; j < keys; ++j) {
-      ScoreBlockBf16<QV, 1>(query_pairs, key + j * pairs, pairs, score_factor_, score_t + j * kTq);
-    }
-#else
-    (void)k0, (void)keys;
-    HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
+    Products::Product(keys, QV, pairs, KeyPairs(k0), PairsB{QueryPairs(), kTq},
+                      PairsC{ws_.score_t.get(), kTq, PairStart::kZero, nullptr, score_factor_});
+  }
+
+  // The bfloat16 operands: Q's pairs of the tile, P's pairs of the key tile, and K's and V's
+  // pairs from key k0 on, in ws_.amx for products that take the tiles' layout, else ws_.bf16.
+  uint32_t* QueryPairs() {
+#if ATTEND_AMX_BF16
+    if constexpr (kTakesTileOperands<Products>) return ws_.amx.query_pairs.get();
 #endif
+    return ws_.bf16.query_pairs.get();
+  }
+  uint32_t* ProbPairs() {
+#if ATTEND_AMX_BF16
+    if constexpr (kTakesTileOperands<Products>) return ws_.amx.prob_pairs.get();
+#endif
+    return ws_.bf16.prob_pairs.get();
+  }
+  // K: rows of pairs (one key a row).
+  PairsA KeyPairs(int64_t k0) const {
+#if ATTEND_AMX_BF16
+    if constexpr (kTakesTileOperands<Products>) {
+      const amx::TileOperands& op = ws_.amx;
+      return {reinterpret_cast<const uint32_t*>(op.key.get() + (k0 - op.begin) * op.depth),
+              op.depth / 2, 1};
+    }
+#endif
+    const int64_t pairs = PairsOf(p_.head_dim);
+    return {ws_.bf16.key + (k0 - ws_.bf16.begin) * pairs, pairs, 1};
+  }
+  // V: one value column a row, pairs of keys along it (Vᵀ) in the tiles' layout (k0 − begin
+  // is a multiple of 16, so the pairs stay whole); else pairs across keys, transposed.
+  PairsA ValuePairs(int64_t k0) const {
+#if ATTEND_AMX_BF16
+    if constexpr (kTakesTileOperands<Products>) {
+      const amx::TileOperands& op = ws_.amx;
+      return {reinterpret_cast<const uint32_t*>(op.value_t.get() + (k0 - op.begin)),
+              op.value_stride / 2, 1};
+    }
+#endif
+    return {ws_.bf16.value + (k0 - ws_.bf16.begin) / 2 * p_.value_dim, 1, p_.value_dim};
   }
 
   // Online-softmax step over `keys` rows of score_t: new max, alpha = 2^(m − m'),
@@ -464,8 +590,8 @@ class TileAttention {
   }
 
   void AccumulateValues(const Tile& tile, int64_t k0, int64_t keys, const float* alpha) {
-    if constexpr (BF16) {
-      AccumulateValuesBf16(k0, keys, alpha);
+    if constexpr (kPairs) {
+      AccumulateValuesPairs(k0, keys, alpha);
       return;
     }
     const float* value = tile.value + k0 * tile.value_stride;
@@ -492,29 +618,22 @@ class TileAttention {
   }
 
   // The same with bfloat16 products: the probabilities rounded to pairs, V from ws_.bf16.
-  void AccumulateValuesBf16(int64_t k0, int64_t keys, const float* alpha) {
-#if ATTEND_BF16_PRODUCTS
-    ProbabilityPairs<QV>(ws_.score_t.get(), keys, ws_.bf16.prob_pairs.get());
-    const int64_t pairs = PairsOf(keys);
-    const int64_t ev = p_.value_dim;
-    const uint32_t* value = ws_.bf16.value + (k0 - ws_.bf16.begin) / 2 * ev;
-    const uint32_t* prob_pairs = ws_.bf16.prob_pairs.get();
-    float* out_t = ws_.out_t.get();
-    int64_t c = 0;
-    for (; c + kValueColumns <= ev; c += kValueColumns) {
-      ValueBlockBf16<QV, QV, kValueColumns>(prob_pairs, value + c, ev, pairs, alpha, 0,
-                                            out_t + c * kTq);
+  void AccumulateValuesPairs(int64_t k0, int64_t keys, const float* alpha) {
+    const float* score_t = ws_.score_t.get();
+    uint32_t* prob_pairs = ProbPairs();
+    for (int64_t j = 0; j < keys; j += 2) {
+      Products::PairsAcrossRows(score_t + j * kTq, j + 1 < keys ? score_t + (j + 1) * kTq : nullptr,
+                                kTq, prob_pairs + j / 2 * kTq);
     }
-    for (; c + 2 <= ev; c += 2) {
-      ValueBlockBf16<QV, QV, 2>(prob_pairs, value + c, ev, pairs, alpha, 0, out_t + c * kTq);
+    if constexpr (kTakesTileOperands<Products>) {
+      // Zero pairs up to a whole tile step: the keys there (zero or the span's later keys)
+      // get no weight.
+      const int64_t padded = (PairsOf(keys) + Products::kPairMultiple - 1) /
+                             Products::kPairMultiple * Products::kPairMultiple;
+      std::fill(prob_pairs + PairsOf(keys) * kTq, prob_pairs + padded * kTq, 0u);
     }
-    for (; c < ev; ++c) {
-      ValueBlockBf16<QV, QV, 1>(prob_pairs, value + c, ev, pairs, alpha, 0, out_t + c * kTq);
-    }
-#else
-    (void)k0, (void)keys, (void)alpha;
-    HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
-#endif
+    Products::Product(p_.value_dim, QV, PairsOf(keys), ValuePairs(k0), PairsB{prob_pairs, kTq},
+                      PairsC{ws_.out_t.get(), kTq, PairStart::kScaleColumns, alpha});
   }
 
   // out[r][ev] = out_t[ev][r]·keep_scale (/ l_r when `divide`) for rows r < rows, row r at

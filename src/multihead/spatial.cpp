@@ -11,7 +11,6 @@
 
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
-#include "cpu_features.hpp"
 #include "kernels/gemm.hpp"
 #include "multihead/parameter_init.hpp"
 #include "sdpa_boundary.hpp"

@@ -82,10 +82,12 @@ struct CaseResult {
   std::string kernel;         // attend::attention_kernel of the case's attention
   // Reduced-precision cases: the baseline case's median time in this run and the speedup
   // over it (baseline time / this time); the peak is the bfloat16 one where the case's
-  // products ran as bfloat16 (bf16_peak), else the FMA peak.
+  // products ran as bfloat16 (bf16_peak; the AMX one where they ran on AMX tiles, amx_peak),
+  // else the FMA peak.
   double baseline_seconds = 0;
   double speedup = 0;
   bool bf16_peak = false;
+  bool amx_peak = false;
   bench::CaseTarget target;  // the case's, or the fallback's where the CPU lacks the instruction
 };
 
@@ -168,6 +170,14 @@ struct Probes {
                       peak.gflops, peak.target.c_str(), plural_threads(threads).c_str());
         return std::string(text);
       }};
+  ProbeTable<bench::FmaPeak> amx_peaks{
+      [](int threads) { return bench::measure_amx_peak(threads); },
+      [](const bench::FmaPeak& peak, int threads) {
+        char text[96];
+        std::snprintf(text, sizeof(text), "AMX-BF16 tile peak: %.0f GFLOP/s (%s)", peak.gflops,
+                      plural_threads(threads).c_str());
+        return std::string(text);
+      }};
   ProbeTable<bench::ReadBandwidth> read_bandwidths{
       [](int threads) { return bench::measure_read_bandwidth(threads); },
       [](const bench::ReadBandwidth& bandwidth, int threads) {
@@ -210,6 +220,14 @@ std::string problem_key(const bench::AttentionShape& s, bool need_weights, int t
 // Median seconds per call of case `c` on `threads` threads (kernel: as time_problem).
 bench::RepeatedTiming time_case(const BenchCase& c, int threads, const BenchSettings& settings,
                                 std::string* kernel = nullptr) {
+  // AMX switched off for the case (restored after it, also when it throws).
+  struct AmxSwitch {
+    bool previous = amx_enabled();
+    explicit AmxSwitch(bool off) {
+      if (off) set_amx_enabled(false);
+    }
+    ~AmxSwitch() { set_amx_enabled(previous); }
+  } amx_switch(c.amx_off);
   if (c.workload == bench::Workload::kAttention) {
     return time_problem(c.shape, c.need_weights, threads, settings, kernel);
   }
@@ -232,11 +250,13 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
       result.kernel.find("bfloat16 products") != std::string::npos ||
       (c.workload != bench::Workload::kAttention && c.shape.dtype == DType::kBFloat16 &&
        bf16_compute_path().rfind("bfloat16", 0) == 0);
-  result.peak_gflops = result.bf16_peak ? probes.bf16_peaks.at(result.threads).gflops
-                                        : probes.peaks.at(result.threads).gflops;
+  result.amx_peak = result.kernel.find("AMX tiles") != std::string::npos;
+  result.peak_gflops = result.amx_peak    ? probes.amx_peaks.at(result.threads).gflops
+                       : result.bf16_peak ? probes.bf16_peaks.at(result.threads).gflops
+                                          : probes.peaks.at(result.threads).gflops;
   const double seconds = result.timing.median_seconds;
   seconds_by_problem[c.name + "@" + std::to_string(result.threads)] = seconds;
-  if (c.workload == bench::Workload::kAttention) {
+  if (c.workload == bench::Workload::kAttention && !c.amx_off) {
     seconds_by_problem[problem_key(c.shape, c.need_weights, result.threads)] = seconds;
   }
   if (!c.baseline.empty()) {
@@ -254,6 +274,8 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
     // Without the instruction (float32 products), no slower than float32 is the target.
     if (c.target.kind == TargetKind::kMinSpeedup && !result.bf16_peak) {
       result.target = {TargetKind::kMinSpeedup, 0.9};
+    } else if (c.target.kind == TargetKind::kMinSpeedup && result.amx_peak && c.amx_speedup > 0) {
+      result.target = {TargetKind::kMinSpeedup, c.amx_speedup};
     }
   }
   result.gflops = c.flops() / seconds / 1e9;
@@ -317,6 +339,7 @@ nlohmann::json to_json(const CaseResult& r, const std::string& simd_target,
       {"calls_per_repetition", r.timing.calls_per_repetition},
       {"median_us", r.timing.median_seconds * 1e6},
       {"best_us", r.timing.best_seconds * 1e6},
+      {"median_cpu_us", r.timing.median_cpu_seconds * 1e6},
       {"flops", c.flops()},
       {"gflops", r.gflops},
       {"peak_gflops", r.peak_gflops},
@@ -325,7 +348,7 @@ nlohmann::json to_json(const CaseResult& r, const std::string& simd_target,
       {"target", bench::describe_target(r.target)},
       {"target_met", bench::target_met(r.target, r.target_measure)},
       {"dtype", dtype_name(c.shape.dtype)},
-      {"peak_kind", r.bf16_peak ? "bfloat16 dot product" : "FMA"},
+      {"peak_kind", r.amx_peak ? "AMX-BF16 tiles" : r.bf16_peak ? "bfloat16 dot product" : "FMA"},
   };
   if (!c.baseline.empty()) {
     line["baseline"] = c.baseline;
@@ -376,7 +399,7 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
       std::snprintf(also, sizeof(also), "%.1f GB/s (%.0f%% of read)", r.gbps, r.pct_read);
     } else if (!c.baseline.empty()) {
       std::snprintf(also, sizeof(also), "%.2fx %s%s", r.speedup, c.baseline.c_str(),
-                    r.bf16_peak ? ", bf16 peak" : "");
+                    r.amx_peak ? ", AMX peak" : r.bf16_peak ? ", bf16 peak" : "");
     } else if (c.need_weights) {
       std::snprintf(also, sizeof(also), "%.2fx (unet+write)", r.weights_ratio);
     } else if (c.shape.rules.window_left >= 0 || c.shape.rules.documents > 0) {
@@ -398,6 +421,7 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
   }
   for (const std::string& line : probes.peaks.lines()) std::printf("%s\n", line.c_str());
   for (const std::string& line : probes.bf16_peaks.lines()) std::printf("%s\n", line.c_str());
+  for (const std::string& line : probes.amx_peaks.lines()) std::printf("%s\n", line.c_str());
   for (const std::string& line : probes.read_bandwidths.lines()) {
     std::printf("%s\n", line.c_str());
   }

@@ -1,0 +1,109 @@
+// shape_policy.hpp: how the forward's shape picks its kernel, its work items and the
+// operands it reads — every rule in one place, read by the boundary (sdpa.cpp:
+// choose_operands) and by the kernels (fused_sdpa.cc, key_split-inl.h, packing-inl.h,
+// query_tiles-inl.h), so both sides apply the same numbers. Plain C++: the SIMD width comes
+// in as `lanes` (float32 lanes of the dispatched target).
+//
+//   1. Row groups or query tiles: RunsInRowGroups.
+//   2. The query tiles' height: TileVectors (1 to kMaxTileVectors vectors of queries).
+//   3. The key split: PlanKeySplit (chunks of keys as extra work items).
+//   4. Per-thread copies of K and V: ShouldPackKeysAndValues (interleaved float32 K/V),
+//      FitsPackedFloats (also half-precision K/V widened by the tiles), FitsPackedBf16
+//      (bfloat16 pairs for the products); beyond them the operands are read in place or
+//      converted to float32 before the call.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "sdpa_params.hpp"
+
+namespace attend::detail {
+
+// 1. Row groups (lanes along E, a few queries per head: decoding) while a query tile would
+// be at most half full, else query tiles (queries along the lanes).
+inline bool RunsInRowGroups(int64_t query_len, int64_t lanes) { return 2 * query_len <= lanes; }
+
+// 2. A query tile holds as many vectors of queries as the queries fill, up to 4 (64 queries
+// on AVX-512): enough rows to amortize each K and V broadcast over 4 FMAs.
+constexpr int64_t kMaxTileVectors = 4;
+inline int64_t TileVectors(int64_t query_len, int64_t lanes) {
+  return std::clamp<int64_t>((query_len + lanes - 1) / lanes, 1, kMaxTileVectors);
+}
+
+// 3. Key split (FlashDecoding's split-KV): with fewer work items than kSplitItems (decoding
+// over a long cache with few heads, a few query tiles against many keys), the keys are cut
+// into chunks that run as separate work items, so that every core reads its share of K and
+// V; the chunks' partial results are then merged by their maxima and sums (key_split-inl.h).
+// The split depends on the shape only, never on the thread count, so results are bitwise
+// the same at any thread count. Chunks are whole multiples of kSplitGranule keys (whole key
+// tiles, and a multiple of 4 as dropout draws 4 keys per word). Not with weights, whose
+// normalization needs the whole row in one place.
+constexpr int64_t kSplitItems = 16;     // work items wanted: the cores of a large machine
+constexpr int64_t kSplitGranule = 256;  // keys: ≥ 16 KiB of K and V per row at E = 8
+//
+// Work items that read the same K and V (the query heads of one K/V head, a head's several
+// row groups: `share` consecutive items, RowGroups::share) run each chunk of kShareChunk
+// keys one after the other on one thread: K and V come from memory once per chunk and from
+// cache (512 keys of E = Ev = 128 float32: 512 KiB) for the group's other items.
+constexpr int64_t kShareChunk = 512;
+static_assert(kShareChunk % kSplitGranule == 0);
+struct KeySplit {
+  int64_t chunks;
+  int64_t chunk_len;
+};
+inline KeySplit PlanKeySplit(const SdpaParams& p, int64_t items, int64_t share = 1) {
+  if (p.weights == nullptr && share > 1 && p.key_len >= 2 * kShareChunk) {
+    return {(p.key_len + kShareChunk - 1) / kShareChunk, kShareChunk};
+  }
+  const int64_t wanted = std::min((kSplitItems + items - 1) / items, p.key_len / kSplitGranule);
+  if (p.weights != nullptr || wanted < 2) return {1, p.key_len};
+  const int64_t chunk_len =
+      (p.key_len + wanted * kSplitGranule - 1) / (wanted * kSplitGranule) * kSplitGranule;
+  return {(p.key_len + chunk_len - 1) / chunk_len, chunk_len};
+}
+
+// 4. Floats one thread's contiguous float32 copy of a batch index's K [Lk][E] and V [Lk][Ev]
+// may take (32 MiB): the query tiles' packed copy of interleaved K/V and their widened copy
+// of half-precision K/V (PackKeysAndValues).
+constexpr int64_t kMaxPackedFloats = int64_t{8} << 20;
+inline bool FitsPackedFloats(int64_t key_len, int64_t head_dim, int64_t value_dim) {
+  return static_cast<double>(key_len) * static_cast<double>(head_dim + value_dim) <=
+         static_cast<double>(kMaxPackedFloats);
+}
+
+// Query tiles read all of K and V once per tile. When the rows of K or V are not adjacent
+// (heads interleaved, as in (N, L, H, D) views or the (N, L, 3, H, D) projections of a
+// multi-head layer), a batch index's keys are spread over H (or 3H) times the memory, and
+// every pass over them misses in L2 and the TLB: at unet's shape (L 4096, E 32) rows 384
+// floats apart made the kernel 1.2–1.4× slower than contiguous ones. Each thread then first
+// copies the K and V of the batch index it works on into a contiguous buffer, which its
+// tiles of that batch index read: one copy per thread and batch index against one pass per
+// query tile. Only with more than one full query tile per batch index, and not for the
+// chunks of a key split (few tiles).
+inline bool ShouldPackKeysAndValues(const SdpaParams& p, int64_t lanes) {
+  const bool interleaved = p.key_strides.row != p.head_dim || p.value_strides.row != p.value_dim;
+  return interleaved && p.query_len > kMaxTileVectors * lanes &&
+         FitsPackedFloats(p.key_len, p.head_dim, p.value_dim);
+}
+
+// Bytes one thread's packed bfloat16 K and V may take (the query tiles' Bf16Operands:
+// Lk·⌈E/2⌉ + ⌈Lk/2⌉·Ev pairs of 4 bytes): beyond it, the products are float32.
+constexpr double kMaxPackedBf16Bytes = 256.0 * (1 << 20);
+inline bool FitsPackedBf16(int64_t key_len, int64_t head_dim, int64_t value_dim) {
+  const double pairs = static_cast<double>(key_len) * static_cast<double>((head_dim + 1) / 2) +
+                       static_cast<double>((key_len + 1) / 2) * static_cast<double>(value_dim);
+  return 4.0 * pairs <= kMaxPackedBf16Bytes;
+}
+
+// The same for the AMX tiles' layout (amx::TileOperands: K rows [Lk + 32][E'] and Vᵀ
+// [Ev'][Lk' + 32] of bfloat16, E' and Lk' rounded up to 32, Ev' to 16): beyond it, the
+// products stay on AVX512_BF16 (tiny E would otherwise pad every key to 32 elements).
+inline bool FitsAmxTiles(int64_t key_len, int64_t head_dim, int64_t value_dim) {
+  const auto up = [](int64_t n, int64_t to) { return static_cast<double>((n + to - 1) / to * to); };
+  const double halves = static_cast<double>(key_len + 32) * up(head_dim, 32) +
+                        up(value_dim, 16) * (up(key_len, 32) + 32);
+  return 2.0 * halves <= kMaxPackedBf16Bytes;
+}
+
+}  // namespace attend::detail
