@@ -32,9 +32,13 @@ start=$SECONDS
 #    runs single-threaded inside (num_threads = 1) because libgomp is not TSan-instrumented.
 cmake -S . -B build-tsan "${lean[@]}" -DATTEND_BUILD_TOOLS=OFF "-DCMAKE_CXX_FLAGS=-fsanitize=thread" \
   "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread" >/dev/null
-cmake --build build-tsan --target concurrency_test serving_test
+cmake --build build-tsan --target concurrency_test serving_test kv_cache_storm_test
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/concurrency_test
 # Several threads on one plan, several threads appending to and attending over one cache.
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 build-tsan/tests/serving_test \
   --gtest_filter='AttentionPlan.SeveralThreadsRunOnePlan:PagedKvCache.ThreadsAppendAndAttendDifferentSequences'
+# The cache storm: threads appending, forking, evicting and attending against a shadow model
+# (2 x 2 s; under ASan it runs with the whole suite).
+ATTEND_STORM_SECONDS=2 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  build-tsan/tests/kv_cache_storm_test
 echo "sanitizers: TSan build and test $((SECONDS - start)) s"

@@ -8,8 +8,9 @@ packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmar
           libopenmpi-dev openmpi-bin
           # the Python package (python/) and its tests
           python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch python3-pytest
-          # attend.torch.patch's tests on torchvision's VisionTransformer
-          python3-torchvision)
+          # attend.torch.patch's tests on torchvision's VisionTransformer; the randomized
+          # (property-based) tests of the Python package
+          python3-torchvision python3-hypothesis)
 packages+=("$@")
 missing=()
 # A name without an architecture is ambiguous to dpkg once the arm64 one is installed too

@@ -344,6 +344,10 @@ float load_float(const void* p, DType dtype, int64_t i) {
 // rounding as store_from_double (a float32 value converts exactly to double), in a loop the
 // compiler can vectorize for the common pairs.
 void convert_float_row(const void* from, DType from_dtype, void* to, DType to_dtype, int64_t n) {
+  if (from_dtype == to_dtype) {  // a copy, bit for bit (a signaling NaN stays one)
+    std::memcpy(to, from, static_cast<size_t>(n) * dtype_size(from_dtype));
+    return;
+  }
   if (from_dtype == DType::kBFloat16 && to_dtype == DType::kFloat32) {
     const auto* src = static_cast<const uint16_t*>(from);
     auto* dst = static_cast<float*>(to);

@@ -4,8 +4,10 @@
 // rank and nothing is written.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -19,11 +21,13 @@ namespace attend::test {
 namespace {
 
 // Runs `mpirun -np ranks attend ring <arguments>` in `directory`; returns the exit status.
-int run_ring(int ranks, const std::string& directory, const std::string& arguments) {
+// `environment`: more NAME=value settings for every rank.
+int run_ring(int ranks, const std::string& directory, const std::string& arguments,
+             const std::string& environment = "") {
   // Under ASan, OpenMPI's own leaks are suppressed as for ring_test (tests/CMakeLists.txt).
   const std::string command =
-      "cd '" + directory +
-      "' && OMP_NUM_THREADS=1 LSAN_OPTIONS=suppressions=" ATTEND_MPI_LSAN_SUPPRESSIONS
+      "cd '" + directory + "' && " + environment +
+      " OMP_NUM_THREADS=1 LSAN_OPTIONS=suppressions=" ATTEND_MPI_LSAN_SUPPRESSIONS
       " ASAN_OPTIONS=\"$ASAN_OPTIONS:fast_unwind_on_malloc=0\" " ATTEND_MPIEXEC " -np " +
       std::to_string(ranks) +
       " --allow-run-as-root --oversubscribe " ATTEND_CLI_PATH " ring --quiet " + arguments +
@@ -112,6 +116,45 @@ TEST(RingCli, ShardFilesPerRank) {
   EXPECT_NE(log.find("rank 1: --value v_1.npy"), std::string::npos) << log;
   for (const char* name : {"o_0.npy", "o_1.npy"}) {
     EXPECT_TRUE(read_file_bytes(empty / name).empty()) << name << " was written";
+  }
+}
+
+// A rank that fails in the middle of the ring (tests/ring_fault_test.cc covers every point of
+// every call in-process, allocation failures too): an exception, a process that exits
+// without MPI_Finalize, a rank that stalls (with ATTEND_MPI_TIMEOUT=1). Every rank ends, the
+// command fails within the bound (the timeout, plus mpirun's start), and no output file (nor
+// a temporary one) is left.
+TEST(RingCli, AFailedRankEndsEveryRankWithoutOutput) {
+  TemporaryDirectory dir;
+  const Inputs in;
+  for (int r = 0; r < 3; ++r) {
+    write_npy(dir / ("q_" + std::to_string(r) + ".npy"), slice(in.query, 16 * r, 16));
+    write_npy(dir / ("k_" + std::to_string(r) + ".npy"), slice(in.key, 16 * r, 16));
+    write_npy(dir / ("v_" + std::to_string(r) + ".npy"), slice(in.value, 16 * r, 16));
+  }
+  const std::string files =
+      "--query 'q_{rank}.npy' --key 'k_{rank}.npy' --value 'v_{rank}.npy' --out 'o_{rank}.npy' ";
+  for (const char* kind : {"throw", "exit", "stall"}) {
+    SCOPED_TRACE(kind);
+    const auto start = std::chrono::steady_clock::now();
+    // Point 2: rank 1 at the second step of the ring forward (0: after the collective check).
+    EXPECT_NE(0, run_ring(3, dir.path().string(), files + "--causal",
+                          std::string("ATTEND_MPI_TIMEOUT=1 ATTEND_FAULT=1:2:") + kind));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string log = read_file_bytes(dir / "ring.log");
+    EXPECT_LT(seconds, 20.0) << log;     // a hang would last until the CTest timeout
+    if (std::string(kind) == "stall") {  // the others' timeout
+      EXPECT_NE(log.find("no progress in 1 s"), std::string::npos) << log;
+    } else if (std::string(kind) != "exit") {  // the others report the failed rank
+      EXPECT_NE(log.find("rank 1 failed"), std::string::npos) << log;
+    }
+    int files_left = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("o_", 0) == 0) ++files_left;
+    }
+    EXPECT_EQ(files_left, 0) << log;
   }
 }
 

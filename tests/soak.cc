@@ -1,7 +1,7 @@
 // attend_soak: a long randomized run of the fused kernels against the reference, with faults.
 // Not part of CI (scripts/soak.sh builds and runs it; SECURITY.md keeps its record).
 //
-//   attend_soak [--minutes M] [--seed S]   random problems until M minutes (default 20) pass
+//   attend_soak [--minutes M] [--seed S] [--paths 1]  random problems for M minutes (20)
 //   attend_soak --seed S --index I         problem I of seed S again (what a failure prints)
 //
 // Problem I of seed S comes from a generator seeded with (S, I) alone, so it is the same on
@@ -24,15 +24,33 @@
 //                        thread-count invariance only.
 //   allocation (1 in 10) A fused forward or backward while every allocation of at least a
 //                        random size (64 KiB and up) fails (malloc and aligned_alloc of this
-//                        program are replaced below): it must succeed (nothing that large was
-//                        needed) or throw attend::Error "out of memory", and a run after it,
-//                        without the fault, must succeed.
+//                        program are replaced: allocation_fault.hpp): it must succeed (nothing that
+//                        large was needed) or throw attend::Error "out of memory", and a run after
+//                        it, without the fault, must succeed.
 //   overlap (1 in 10)    An output (forward: output or weights; backward: a gradient) placed
 //                        over an input at a random offset: attend::Error "overlaps", and no
 //                        byte of the buffer holding them changed.
 //   truncated (1 in 10)  A .npy or safetensors file of random tensors written, read back whole
 //                        (equal), then cut at a random byte: reading it must throw
 //                        attend::Error.
+//
+// With --paths 1 (scripts/soak.sh sets it), half the problems are instead one of the serving
+// and reduced-precision paths, each against the independent float64 listing within the error
+// model and on two thread counts that must give the same bits:
+//   bf16     A random case line with ComputePrecision::kBFloat16 (bfloat16 products where the
+//            CPU has them): error at most twice the naive bfloat16 listing's plus the weights'
+//            rounding (tests/bf16_test.cc's rule).
+//   gqa      A random case line with kv_heads dividing the heads (grouped-query).
+//   ragged   varlen_attention_into over 1 to 5 packed sequences, float32, float16 or
+//            bfloat16, grouped-query, causal, window, softcap: each sequence against the
+//            listing of its dense call.
+//   paged    A PagedKvCache of every format (float32, float16, bfloat16, int8, float8_e4m3,
+//            float8_e5m2), a random block
+//            size, sequences filled by appends in chunks (some forked), a batch of decodes and
+//            prefill chunks through attend(): each against the listing over the cache's own
+//            stored (dequantized) keys and values.
+//   plan     An AttentionPlan with a variable key length run over a growing cache (the key
+//            length rising step by step): bitwise the unprepared call, and the listing.
 //
 // The report gives the counts of each kind and every mismatch with the command reproducing it.
 // Exit status 1 when there was any.
@@ -56,56 +74,26 @@
 #include <string>
 #include <vector>
 
+#include "allocation_fault.hpp"
 #include "arguments.hpp"
 #include "attend/error.hpp"
+#include "attend/kv_cache.hpp"
 #include "attend/npy.hpp"
+#include "attend/plan.hpp"
 #include "attend/runtime.hpp"
 #include "attend/safetensors.hpp"
+#include "attend/score_rules.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
+#include "attend/varlen.hpp"
 #include "error_model.hpp"
+#include "half.hpp"
 #include "independent_gradients.hpp"
 #include "sdpa_cases.hpp"
 #include "test_support.hpp"
 
-// ---------------------------------------------------------------------------------------------
-// Allocation faults: this program's malloc and aligned_alloc (which the library's Tensor, its
-// work buffers through Highway, and operator new all reach) fail for sizes at or above
-// g_fail_from while it is armed. Small allocations (libgomp's, error messages) still succeed.
-
-extern "C" void* __libc_malloc(size_t size);
-extern "C" void* __libc_memalign(size_t alignment, size_t size);
-
-namespace {
-std::atomic<size_t> g_fail_from{SIZE_MAX};
-std::atomic<int64_t> g_failed_allocations{0};
-
-bool injected_failure(size_t size) {
-  if (size < g_fail_from.load(std::memory_order_relaxed)) return false;
-  g_failed_allocations.fetch_add(1, std::memory_order_relaxed);
-  errno = ENOMEM;
-  return true;
-}
-}  // namespace
-
-extern "C" void* malloc(size_t size) noexcept {
-  return injected_failure(size) ? nullptr : __libc_malloc(size);
-}
-extern "C" void* aligned_alloc(size_t alignment, size_t size) noexcept {
-  return injected_failure(size) ? nullptr : __libc_memalign(alignment, size);
-}
-
 namespace attend::test {
 namespace {
-
-// Fails every allocation of at least `bytes` while alive.
-class AllocationFault {
- public:
-  explicit AllocationFault(size_t bytes) { g_fail_from = bytes; }
-  ~AllocationFault() { g_fail_from = SIZE_MAX; }
-  AllocationFault(const AllocationFault&) = delete;
-  AllocationFault& operator=(const AllocationFault&) = delete;
-};
 
 using Random = std::mt19937_64;
 
@@ -128,13 +116,19 @@ int64_t random_length(Random& random) {
 }
 
 // One case line in the syntax of tests/data/sdpa_cases.txt (parsed by parse_sdpa_case).
-std::string random_case_line(Random& random, const std::string& name) {
+// grouped: a heads dimension of 2 to 8 and kv_heads dividing it (grouped-query attention).
+std::string random_case_line(Random& random, const std::string& name, bool grouped) {
   std::string line = "name=" + name;
   const auto add = [&line](const std::string& key, const std::string& value) {
     line += " " + key + "=" + value;
   };
-  std::vector<int64_t> batch(static_cast<size_t>(uniform(random, 0, 3)));
+  std::vector<int64_t> batch(static_cast<size_t>(uniform(random, grouped ? 1 : 0, 3)));
   for (int64_t& d : batch) d = uniform(random, 1, 3);
+  int64_t kv_heads = 0;
+  if (grouped) {
+    kv_heads = uniform(random, 1, 4);
+    batch.back() = kv_heads * uniform(random, 2, 4);
+  }
   if (!batch.empty()) {
     std::string dims;
     for (int64_t d : batch) dims += (dims.empty() ? "" : "x") + std::to_string(d);
@@ -163,8 +157,11 @@ std::string random_case_line(Random& random, const std::string& name) {
   if (chance(random, 0.1)) add("v", "100");
   if (chance(random, 0.5)) add("weights", "0");
   if (!batch.empty()) {
-    add("layout", pick(random, std::vector<std::string>{"contiguous", "blhd", "shared_kv"}));
+    add("layout",
+        pick(random, grouped ? std::vector<std::string>{"contiguous", "blhd"}
+                             : std::vector<std::string>{"contiguous", "blhd", "shared_kv"}));
   }
+  if (grouped) add("kv_heads", std::to_string(kv_heads));
   if (chance(random, 0.3)) add("dtype", "f16");
   if (chance(random, 0.15)) {
     add("dropout", pick(random, std::vector<std::string>{"0.1", "0.3", "0.5", "0.9"}));
@@ -198,6 +195,10 @@ struct Counts {
   int64_t forward = 0, forward_compared = 0, thread_pairs = 0, backward = 0;
   int64_t allocation = 0, allocation_refused = 0, allocation_ran = 0;
   int64_t overlap = 0, truncated_npy = 0, truncated_safetensors = 0;
+  // --paths: problems per kind (paged: per cache format), dense listings compared.
+  int64_t bf16 = 0, bf16_native = 0, gqa = 0, ragged = 0, plan = 0, plan_steps = 0;
+  int64_t listings = 0, ill_conditioned = 0;
+  std::map<std::string, int64_t> paged;
   std::vector<std::string> mismatches;
 };
 
@@ -258,8 +259,10 @@ void compare(const char* what, const std::vector<double>& got, const std::vector
 }
 
 void attention_problem(Random& random, const std::string& name, const std::string& target,
-                       Counts& counts, Findings& findings, std::string& description) {
-  const std::string line = random_case_line(random, name);
+                       Counts& counts, Findings& findings, std::string& description,
+                       bool grouped = false) {
+  const std::string line = random_case_line(random, name, grouped);
+  if (grouped) ++counts.gqa;
   const int threads = static_cast<int>(uniform(random, 1, 8));
   const int other_threads = static_cast<int>(uniform(random, 1, 8));
   description = "case '" + line + "', target " + target + ", threads " + std::to_string(threads) +
@@ -323,9 +326,26 @@ void attention_problem(Random& random, const std::string& name, const std::strin
   }
   compare("dQ", values_of(gradients.query.view()), check.exact.query, check.tolerance.query,
           findings);
-  compare("dK", values_of(gradients.key.view()), check.exact.key, check.tolerance.key, findings);
-  compare("dV", values_of(gradients.value.view()), check.exact.value, check.tolerance.value,
-          findings);
+  // Grouped-query: the listing's dK and dV are per query head; a K/V head's is its group's sum.
+  const int64_t heads = in.query.shape.back(2), kv_heads = in.key.shape.back(2);
+  const auto group_sum = [&](const std::vector<double>& per_head) {
+    if (kv_heads == heads) return per_head;
+    std::vector<double> sum(per_head.size() / static_cast<size_t>(heads / kv_heads), 0.0);
+    const size_t rest = per_head.size() / static_cast<size_t>(heads) /
+                        static_cast<size_t>(in.problem.batch() / heads);
+    for (size_t n = 0; n < per_head.size(); ++n) {
+      const size_t outer = n / rest / static_cast<size_t>(heads);
+      const size_t h = n / rest % static_cast<size_t>(heads);
+      sum[(outer * static_cast<size_t>(kv_heads) + h / static_cast<size_t>(heads / kv_heads)) *
+              rest +
+          n % rest] += per_head[n];
+    }
+    return sum;
+  };
+  compare("dK", values_of(gradients.key.view()), group_sum(check.exact.key),
+          group_sum(check.tolerance.key), findings);
+  compare("dV", values_of(gradients.value.view()), group_sum(check.exact.value),
+          group_sum(check.tolerance.value), findings);
   // With ALiBi the problem's bias holds the slopes' terms too (dense): only a bias of the
   // options has a gradient, so dBias is compared without ALiBi.
   if (!gradients.bias.empty() && !spec.alibi) {
@@ -340,6 +360,371 @@ void attention_problem(Random& random, const std::string& name, const std::strin
       tolerance[b % exact.size()] += check.tolerance.sinks[b];
     }
     compare("dSinks", values_of(gradients.sinks.view()), exact, tolerance, findings);
+  }
+}
+
+// --- the serving and reduced-precision paths (--paths) ------------------------------------
+
+// `got` (the library's output for query, key, value and options, as float64 in row-major
+// order; `dtype` the output's) against the independent float64 listing, within the error
+// model; bfloat16 by tests/bf16_test.cc's rule (twice the listing's own rounding to bfloat16,
+// plus the weights' rounding). Ill-conditioned problems are only counted.
+void against_listing(const std::string& what, const std::vector<double>& got,
+                     const TensorView& query, const TensorView& key, const TensorView& value,
+                     const AttentionOptions& options, DType dtype, Counts& counts,
+                     Findings& findings) {
+  const ReferenceProblem problem = reference_problem(query, key, value, options);
+  ErrorModelOptions model;
+  model.half_output = dtype == DType::kFloat16;
+  const Tolerances tolerances = sdpa_tolerances(problem, model);
+  if (!tolerances.meaningful()) {
+    ++counts.ill_conditioned;
+    return;
+  }
+  ++counts.listings;
+  const ReferenceResult exact = independent_attention(problem);
+  if (dtype == DType::kBFloat16) {
+    double rounding = 0, value_max = 0, error = 0;
+    for (size_t n = 0; n < exact.output.size(); ++n) {
+      const double x = exact.output[n];
+      rounding = std::max(
+          rounding,
+          std::abs(detail::f32_from_bf16(detail::bf16_from_f32(static_cast<float>(x))) - x));
+      error = std::max(error, std::isnan(got[n]) ? INFINITY : std::abs(got[n] - x));
+    }
+    for (double v : problem.value) value_max = std::max(value_max, std::abs(v));
+    const double allowed = 2 * rounding + 2.0 / 512.0 * value_max;
+    if (!(error <= allowed)) {
+      findings.add(what + ": bfloat16 error " + std::to_string(error) + " above the allowed " +
+                   std::to_string(allowed));
+    }
+    return;
+  }
+  const Worst worst = worst_element(got, exact.output, problem.value_dim,
+                                    [&](int64_t row, double) { return tolerances.output[row]; });
+  if (!worst.ok()) findings.add(describe_worst(worst, what.c_str(), "e", problem));
+}
+
+void same_bits(const std::vector<double>& a, const std::vector<double>& b, int threads,
+               int other_threads, Counts& counts, Findings& findings) {
+  ++counts.thread_pairs;
+  if (!bitwise_equal(a, b)) {
+    findings.add("results differ between " + std::to_string(threads) + " and " +
+                 std::to_string(other_threads) + " threads");
+  }
+}
+
+Tensor rounded_copy(const TensorView& view, DType dtype) {
+  Tensor t(dtype, view.shape);
+  convert(view, t.view());
+  return t;
+}
+
+double largest_error(const std::vector<double>& got, const std::vector<double>& exact) {
+  double worst = 0;
+  for (size_t n = 0; n < got.size(); ++n) {
+    const double e = std::abs(got[n] - exact[n]);
+    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+  }
+  return worst;
+}
+
+// bfloat16 products: error <= 2·(naive bfloat16 listing's) + 2·2^-9·max|v|·keep.
+void bf16_problem(Random& random, const std::string& name, const std::string& target,
+                  Counts& counts, Findings& findings, std::string& description) {
+  const std::string line = random_case_line(random, name, false);
+  const int threads = static_cast<int>(uniform(random, 1, 8));
+  const int other_threads = static_cast<int>(uniform(random, 1, 8));
+  description = "bf16 products, case '" + line + "', target " + target + ", threads " +
+                std::to_string(threads) + " and " + std::to_string(other_threads);
+  const SdpaCase spec = parse_sdpa_case(line);
+  const CaseInputs in = make_case_inputs(spec);
+  ++counts.bf16;
+  if (!sdpa_tolerances(in.problem, ErrorModelOptions{}).meaningful()) {
+    ++counts.ill_conditioned;
+    return;
+  }
+  AttentionOptions exact_options = in.options;
+  exact_options.backend = Backend::kReference;
+  exact_options.need_weights = false;
+  const std::vector<double> exact = values_of(
+      scaled_dot_product_attention(in.query, in.key, in.value, exact_options).output.view());
+  const Tensor qb = rounded_copy(in.query, DType::kBFloat16);
+  const Tensor kb = rounded_copy(in.key, DType::kBFloat16);
+  const Tensor vb = rounded_copy(in.value, DType::kBFloat16);
+  std::vector<double> naive = values_of(
+      scaled_dot_product_attention(qb.view(), kb.view(), vb.view(), exact_options).output.view());
+  for (double& x : naive)
+    x = static_cast<double>(detail::f32_from_bf16(detail::bf16_from_f32(static_cast<float>(x))));
+  // bfloat16 products where the (capped) target has them; elsewhere bfloat16 inputs, whose
+  // default path computes float32 products on them.
+  AttentionOptions options = exact_options;
+  options.backend = Backend::kFused;
+  std::vector<double> fused, again;
+  {
+    ScopedSimdCap cap(target);
+    const bool native = bf16_compute_path().rfind("bfloat16", 0) == 0;
+    if (native) ++counts.bf16_native;
+    if (native) options.compute = ComputePrecision::kBFloat16;
+    const TensorView q = native ? in.query : qb.view(), k = native ? in.key : kb.view(),
+                     v = native ? in.value : vb.view();
+    options.num_threads = threads;
+    fused = values_of(scaled_dot_product_attention(q, k, v, options).output.view());
+    options.num_threads = other_threads;
+    again = values_of(scaled_dot_product_attention(q, k, v, options).output.view());
+  }
+  double value_max = 0;
+  for (double v : values_of(in.value)) value_max = std::max(value_max, std::abs(v));
+  const double allowed =
+      2 * largest_error(naive, exact) + 2.0 / 512.0 * value_max / (1.0 - spec.dropout);
+  const double error = largest_error(fused, exact);
+  if (!(error <= allowed)) {
+    findings.add("bfloat16 products: error " + std::to_string(error) + " above the allowed " +
+                 std::to_string(allowed));
+  }
+  same_bits(fused, again, threads, other_threads, counts, findings);
+}
+
+// Packed sequences (attend/varlen.hpp), each against its dense call's listing.
+void ragged_problem(Random& random, const std::string& target, Counts& counts, Findings& findings,
+                    std::string& description) {
+  const int64_t batch = uniform(random, 1, 5), kv_heads = uniform(random, 1, 3);
+  const int64_t heads = kv_heads * uniform(random, 1, 3);
+  const int64_t E = pick(random, std::vector<int64_t>{8, 16, 32, 48, 64, 80, 128});
+  const int64_t Ev = chance(random, 0.7) ? E : uniform(random, 1, 96);
+  const DType dtype = pick(random, std::vector<DType>{DType::kFloat32, DType::kFloat32,
+                                                      DType::kFloat16, DType::kBFloat16});
+  AttentionOptions options;
+  options.causal = chance(random, 0.5);
+  if (chance(random, 0.2))
+    options.window =
+        SlidingWindow{uniform(random, 0, 64), options.causal ? 0 : uniform(random, 0, 64)};
+  if (chance(random, 0.2)) options.softcap = static_cast<float>(uniform(random, 5, 50));
+  std::vector<int32_t> cu_q = {0}, cu_k = {0};
+  for (int64_t s = 0; s < batch; ++s) {
+    const int64_t lk = chance(random, 0.1) ? 0 : random_length(random) % 300 + 1;
+    const int64_t lq =
+        lk == 0 ? 0 : (chance(random, 0.5) ? uniform(random, 1, 4) : uniform(random, 1, lk));
+    cu_q.push_back(cu_q.back() + static_cast<int32_t>(lq));
+    cu_k.push_back(cu_k.back() + static_cast<int32_t>(lk));
+  }
+  const int threads = static_cast<int>(uniform(random, 1, 8));
+  const int other_threads = static_cast<int>(uniform(random, 1, 8));
+  description = "ragged: " + std::to_string(batch) + " sequences, H " + std::to_string(heads) +
+                ", Hkv " + std::to_string(kv_heads) + ", E " + std::to_string(E) + ", Ev " +
+                std::to_string(Ev) + ", " + dtype_name(dtype) + (options.causal ? ", causal" : "") +
+                (options.window ? ", window" : "") + (options.softcap ? ", softcap" : "") +
+                ", total q " + std::to_string(cu_q.back()) + " k " + std::to_string(cu_k.back()) +
+                ", threads " + std::to_string(threads) + " and " + std::to_string(other_threads);
+  const auto seed = static_cast<uint32_t>(random());
+  const Tensor q = random_tensor(Shape({cu_q.back(), heads, E}), seed, 1.0, dtype);
+  const Tensor k = random_tensor(Shape({cu_k.back(), kv_heads, E}), seed + 1, 1.0, dtype);
+  const Tensor v = random_tensor(Shape({cu_k.back(), kv_heads, Ev}), seed + 2, 1.0, dtype);
+  const TensorView cq(cu_q.data(), DType::kInt32, Shape({batch + 1}));
+  const TensorView ck(cu_k.data(), DType::kInt32, Shape({batch + 1}));
+  Tensor out(dtype, Shape({cu_q.back(), heads, Ev})), out2(dtype, Shape({cu_q.back(), heads, Ev}));
+  {
+    ScopedSimdCap cap(target);
+    options.num_threads = threads;
+    varlen_attention_into(q.view(), k.view(), v.view(), cq, ck, out.view(), options);
+    options.num_threads = other_threads;
+    varlen_attention_into(q.view(), k.view(), v.view(), cq, ck, out2.view(), options);
+  }
+  ++counts.ragged;
+  same_bits(values_of(out.view()), values_of(out2.view()), threads, other_threads, counts,
+            findings);
+  // Sequence s as a dense (H, L, D) view of the packing.
+  const auto sequence = [](const Tensor& t, int64_t start, int64_t length) {
+    TensorView v = t.view();
+    v.data = static_cast<char*>(v.data) +
+             start * v.strides[0] * static_cast<int64_t>(dtype_size(v.dtype));
+    v.shape = Shape({v.shape[1], length, v.shape[2]});
+    v.strides = Shape({t.view().strides[1], t.view().strides[0], 1});
+    return v;
+  };
+  for (int64_t s = 0; s < batch; ++s) {
+    const int64_t q0 = cu_q[static_cast<size_t>(s)], lq = cu_q[static_cast<size_t>(s) + 1] - q0;
+    const int64_t k0 = cu_k[static_cast<size_t>(s)], lk = cu_k[static_cast<size_t>(s) + 1] - k0;
+    if (lq == 0) continue;
+    against_listing("ragged sequence " + std::to_string(s), values_of(sequence(out, q0, lq)),
+                    sequence(q, q0, lq), sequence(k, k0, lk), sequence(v, k0, lk), options, dtype,
+                    counts, findings);
+  }
+}
+
+// Keys or values of sequence `id` as stored by the cache, dequantized: float32 (Hkv, L, D).
+Tensor stored_sequence(const PagedKvCache& cache, int64_t id, bool values) {
+  const KvCacheConfig& c = cache.config();
+  const TensorView blocks = values ? cache.value_blocks() : cache.key_blocks();
+  const TensorView scales = values ? cache.value_scales() : cache.key_scales();
+  const int64_t length = cache.length(id), D = blocks.shape[3];
+  const std::vector<int32_t> table = cache.block_table(id);
+  Tensor dense(DType::kFloat32, Shape({c.kv_heads, length, D}));
+  for (int64_t t = 0; t < length; ++t) {
+    const int64_t block = table[static_cast<size_t>(t / c.block_size)], row = t % c.block_size;
+    for (int64_t h = 0; h < c.kv_heads; ++h) {
+      float* to = dense.data_as<float>() + (h * length + t) * D;
+      const int64_t at =
+          block * blocks.strides[0] + row * blocks.strides[1] + h * blocks.strides[2];
+      TensorView from = blocks;
+      from.data = static_cast<char*>(from.data) + at * static_cast<int64_t>(dtype_size(from.dtype));
+      from.shape = Shape({D});
+      from.strides = Shape({blocks.strides[3]});
+      convert(from, TensorView(to, DType::kFloat32, Shape({D})));
+      if (scales.data != nullptr) {  // quantized: x = scale·q
+        const float scale =
+            scales.data_as<const float>()[block * scales.strides[0] + row * scales.strides[1] +
+                                          h * scales.strides[2]];
+        for (int64_t e = 0; e < D; ++e) to[e] *= scale;
+      }
+    }
+  }
+  return dense;
+}
+
+// A paged cache of a random format: sequences appended in chunks (some forked), then one
+// batch of decodes and prefill chunks, against the listing over the stored keys and values.
+void paged_problem(Random& random, const std::string& target, Counts& counts, Findings& findings,
+                   std::string& description) {
+  KvCacheConfig config;
+  config.dtype =
+      pick(random, std::vector<DType>{DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                      DType::kInt8, DType::kFloat8E4M3, DType::kFloat8E5M2});
+  config.block_size = pick(random, std::vector<int64_t>{1, 2, 4, 8, 16, 32});
+  config.kv_heads = uniform(random, 1, 3);
+  config.head_dim = pick(random, std::vector<int64_t>{8, 16, 32, 64, 128});
+  config.value_dim = chance(random, 0.8) ? 0 : uniform(random, 1, 64);
+  const int64_t heads = config.kv_heads * uniform(random, 1, 4);
+  const int64_t Ev = config.value_dim ? config.value_dim : config.head_dim;
+  const int64_t batch = uniform(random, 1, 4);
+  std::vector<int64_t> lengths;
+  int64_t blocks = 0;
+  for (int64_t s = 0; s < batch; ++s) {
+    lengths.push_back(uniform(random, 1, 260));
+    blocks += (lengths.back() + config.block_size - 1) / config.block_size + 1;
+  }
+  config.num_blocks = blocks;
+  AttentionOptions options;
+  options.causal = chance(random, 0.6);
+  if (chance(random, 0.2)) options.softcap = static_cast<float>(uniform(random, 5, 50));
+  const int threads = static_cast<int>(uniform(random, 1, 8));
+  const int other_threads = static_cast<int>(uniform(random, 1, 8));
+  description = std::string("paged ") + dtype_name(config.dtype) + ": block size " +
+                std::to_string(config.block_size) + ", H " + std::to_string(heads) + ", Hkv " +
+                std::to_string(config.kv_heads) + ", E " + std::to_string(config.head_dim) +
+                ", Ev " + std::to_string(Ev) + ", " + std::to_string(batch) + " sequences" +
+                (options.causal ? ", causal" : "") + (options.softcap ? ", softcap" : "") +
+                ", threads " + std::to_string(threads) + " and " + std::to_string(other_threads);
+  PagedKvCache cache(config);
+  std::vector<int64_t> ids;
+  for (int64_t s = 0; s < batch; ++s) {
+    // Half the time a fork of the previous sequence's first tokens (shared blocks).
+    int64_t id = cache.add_sequence();
+    int64_t have = 0;
+    if (s > 0 && chance(random, 0.5) &&
+        cache.length(ids.back()) <= lengths[static_cast<size_t>(s)]) {
+      cache.remove_sequence(id);
+      id = cache.fork(ids.back());
+      have = cache.length(id);
+    }
+    while (have < lengths[static_cast<size_t>(s)]) {
+      const int64_t chunk =
+          std::min(lengths[static_cast<size_t>(s)] - have, uniform(random, 1, 64));
+      const auto seed = static_cast<uint32_t>(random());
+      const Tensor k = random_tensor(Shape({chunk, config.kv_heads, config.head_dim}), seed);
+      const Tensor v = random_tensor(Shape({chunk, config.kv_heads, Ev}), seed + 1);
+      std::vector<int32_t> cu = {0, static_cast<int32_t>(chunk)};
+      cache.append({id}, k.view(), v.view(), TensorView(cu.data(), DType::kInt32, Shape({2})));
+      have += chunk;
+    }
+    ids.push_back(id);
+  }
+  std::vector<int32_t> cu_q = {0};
+  for (int64_t id : ids) {
+    const int64_t lq =
+        chance(random, 0.6) ? 1 : uniform(random, 1, std::min<int64_t>(cache.length(id), 48));
+    cu_q.push_back(cu_q.back() + static_cast<int32_t>(lq));
+  }
+  const Tensor q =
+      random_tensor(Shape({cu_q.back(), heads, config.head_dim}), static_cast<uint32_t>(random()));
+  const TensorView cq(cu_q.data(), DType::kInt32, Shape({batch + 1}));
+  Tensor out(DType::kFloat32, Shape({cu_q.back(), heads, Ev})), out2(DType::kFloat32, out.shape());
+  {
+    ScopedSimdCap cap(target);
+    options.num_threads = threads;
+    cache.attend(ids, q.view(), cq, out.view(), options);
+    options.num_threads = other_threads;
+    cache.attend(ids, q.view(), cq, out2.view(), options);
+  }
+  ++counts.paged[dtype_name(config.dtype)];
+  same_bits(values_of(out.view()), values_of(out2.view()), threads, other_threads, counts,
+            findings);
+  for (int64_t s = 0; s < batch; ++s) {
+    const int64_t q0 = cu_q[static_cast<size_t>(s)], lq = cu_q[static_cast<size_t>(s) + 1] - q0;
+    const auto rows = [&](const Tensor& t) {  // (H, Lq, D) of sequence s
+      TensorView v = t.view();
+      v.data = static_cast<float*>(v.data) + q0 * v.strides[0];
+      v.shape = Shape({v.shape[1], lq, v.shape[2]});
+      v.strides = Shape({t.view().strides[1], t.view().strides[0], 1});
+      return v;
+    };
+    const Tensor k = stored_sequence(cache, ids[static_cast<size_t>(s)], false);
+    const Tensor v = stored_sequence(cache, ids[static_cast<size_t>(s)], true);
+    against_listing("paged sequence " + std::to_string(s), values_of(rows(out)), rows(q), k.view(),
+                    v.view(), options, DType::kFloat32, counts, findings);
+  }
+}
+
+// A plan over a growing key length: each step bitwise the unprepared call; some steps
+// against the listing.
+void plan_problem(Random& random, const std::string& target, Counts& counts, Findings& findings,
+                  std::string& description) {
+  const int64_t batch = uniform(random, 1, 2), heads = uniform(random, 1, 8);
+  const int64_t lq = chance(random, 0.7) ? 1 : uniform(random, 2, 16);
+  const int64_t E = pick(random, std::vector<int64_t>{16, 32, 64, 128});
+  const int64_t start = uniform(random, 1, 64), steps = uniform(random, 2, 40);
+  const int64_t stride = uniform(random, 1, 16), capacity = start + steps * stride;
+  AttentionOptions options;
+  options.causal = chance(random, 0.5);
+  if (chance(random, 0.2)) options.softcap = static_cast<float>(uniform(random, 5, 50));
+  const int threads = static_cast<int>(uniform(random, 1, 8));
+  const int other_threads = static_cast<int>(uniform(random, 1, 8));
+  options.num_threads = threads;
+  description = "plan: batch " + std::to_string(batch) + ", H " + std::to_string(heads) + ", Lq " +
+                std::to_string(lq) + ", E " + std::to_string(E) + ", Lk from " +
+                std::to_string(start) + " by " + std::to_string(stride) + " for " +
+                std::to_string(steps) + " steps" + (options.causal ? ", causal" : "") +
+                ", threads " + std::to_string(threads) + " and " + std::to_string(other_threads);
+  const auto seed = static_cast<uint32_t>(random());
+  const Tensor q = random_tensor(Shape({batch, heads, lq, E}), seed);
+  // The cache: (batch, heads, capacity, E), its first Lk positions a view.
+  const Tensor k = random_tensor(Shape({batch, heads, capacity, E}), seed + 1);
+  const Tensor v = random_tensor(Shape({batch, heads, capacity, E}), seed + 2);
+  const auto first = [](const Tensor& t, int64_t length) {
+    TensorView view = t.view();
+    view.shape[2] = length;
+    return view;
+  };
+  Tensor out(DType::kFloat32, Shape({batch, heads, lq, E})),
+      unprepared(DType::kFloat32, out.shape());
+  ScopedSimdCap cap(target);
+  const AttentionPlan plan(q.view(), first(k, start), first(v, start), out.view(), options, true);
+  ++counts.plan;
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t lk = start + step * stride;
+    plan.run(q.view(), first(k, lk), first(v, lk), out.view());
+    AttentionOptions other = options;
+    other.num_threads = other_threads;
+    scaled_dot_product_attention_into(
+        q.view(), first(k, lk), first(v, lk),
+        AttentionOutputViews{unprepared.view(), std::nullopt, std::nullopt}, other);
+    ++counts.plan_steps;
+    same_bits(values_of(out.view()), values_of(unprepared.view()), threads, other_threads, counts,
+              findings);
+    if (step % 8 == 0 || step + 1 == steps) {
+      against_listing("plan step " + std::to_string(step), values_of(out.view()), q.view(),
+                      first(k, lk), first(v, lk), options, DType::kFloat32, counts, findings);
+    }
   }
 }
 
@@ -558,6 +943,7 @@ void truncated_problem(Random& random, const TemporaryDirectory& directory, Coun
 // --- the run -----------------------------------------------------------------------------
 
 struct Settings {
+  bool paths = false;  // half the problems on the serving and reduced-precision paths
   double minutes = 20;
   uint64_t seed = 0;
   int64_t index = -1;  // >= 0: that problem only
@@ -576,6 +962,21 @@ Findings run_problem(const Settings& settings, int64_t index, const TemporaryDir
   Findings findings;
   ++counts.problems;
   try {
+    if (settings.paths && chance(random, 0.5)) {
+      const int64_t path = uniform(random, 0, 4);
+      if (path == 0) {
+        bf16_problem(random, name, target, counts, findings, description);
+      } else if (path == 1) {
+        attention_problem(random, name, target, counts, findings, description, true);
+      } else if (path == 2) {
+        ragged_problem(random, target, counts, findings, description);
+      } else if (path == 3) {
+        paged_problem(random, target, counts, findings, description);
+      } else {
+        plan_problem(random, target, counts, findings, description);
+      }
+      return findings;
+    }
     const int64_t kind = uniform(random, 0, 9);
     if (kind < 7) {
       attention_problem(random, name, target, counts, findings, description);
@@ -590,6 +991,14 @@ Findings run_problem(const Settings& settings, int64_t index, const TemporaryDir
     findings.add(std::string("unexpected exception: ") + e.what());
   }
   return findings;
+}
+
+std::string paged_counts(const Counts& counts) {
+  std::string text;
+  for (const auto& [format, n] : counts.paged) {
+    text += (text.empty() ? "" : ", ") + std::to_string(n) + " " + format;
+  }
+  return text.empty() ? "none" : text;
 }
 
 int run(const Settings& settings) {
@@ -623,6 +1032,9 @@ int run(const Settings& settings) {
       "  allocation faults: %lld (%lld refused with \"out of memory\", %lld needed nothing that "
       "large)\n"
       "  overlapping outputs: %lld; truncated files: %lld .npy, %lld safetensors\n"
+      "  paths: %lld bf16 products (%lld on bfloat16 instructions), %lld grouped-query, %lld "
+      "ragged, %lld plans (%lld growing-key steps), paged: %s; %lld listings compared, %lld "
+      "ill-conditioned\n"
       "  mismatches: %zu\n",
       elapsed_minutes(), static_cast<unsigned long long>(settings.seed),
       supported_simd_targets().size(), static_cast<long long>(counts.problems),
@@ -631,7 +1043,12 @@ int run(const Settings& settings) {
       static_cast<long long>(counts.allocation), static_cast<long long>(counts.allocation_refused),
       static_cast<long long>(counts.allocation_ran), static_cast<long long>(counts.overlap),
       static_cast<long long>(counts.truncated_npy),
-      static_cast<long long>(counts.truncated_safetensors), counts.mismatches.size());
+      static_cast<long long>(counts.truncated_safetensors), static_cast<long long>(counts.bf16),
+      static_cast<long long>(counts.bf16_native), static_cast<long long>(counts.gqa),
+      static_cast<long long>(counts.ragged), static_cast<long long>(counts.plan),
+      static_cast<long long>(counts.plan_steps), paged_counts(counts).c_str(),
+      static_cast<long long>(counts.listings), static_cast<long long>(counts.ill_conditioned),
+      counts.mismatches.size());
   return counts.mismatches.empty() ? 0 : 1;
 }
 
@@ -643,13 +1060,16 @@ int main(int argc, char** argv) {
   settings.seed =
       static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   CLI::App app("attend_soak: random problems, options and faults for a given time", "attend_soak");
-  std::string minutes_text, seed_text, index_text;
+  std::string minutes_text, seed_text, index_text, paths_text;
   app.add_option("--minutes", minutes_text, "how long to run, > 0 (default 20)")
       ->type_name("FLOAT");
   app.add_option("--seed", seed_text, "seed of the problems (default: the clock)")
       ->type_name("INT");
   app.add_option("--index", index_text, "run problem INDEX of --seed only (what a failure prints)")
       ->type_name("INT");
+  app.add_option("--paths", paths_text,
+                 "1: half the problems on the serving and reduced-precision paths (default 0)")
+      ->type_name("0|1");
   return attend::support::run_checked(app, argc, argv, [&] {
     if (app.count("--minutes") > 0) {
       settings.minutes = attend::support::parse_number("--minutes", minutes_text);
@@ -663,6 +1083,9 @@ int main(int argc, char** argv) {
     if (app.count("--index") > 0) {
       settings.index =
           static_cast<int64_t>(attend::support::parse_integer("--index", index_text, 0, INT64_MAX));
+    }
+    if (app.count("--paths") > 0) {
+      settings.paths = attend::support::parse_integer("--paths", paths_text, 0, 1) == 1;
     }
     return attend::test::run(settings);
   });

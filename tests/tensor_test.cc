@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "attend/error.hpp"
@@ -38,6 +40,23 @@ TEST(Tensor, ConvertHonoursStrides) {
   EXPECT_EQ(back.data_as<float>()[0], 0.5f);
   EXPECT_EQ(back.data_as<float>()[1], 3.5f);
   EXPECT_EQ(back.data_as<float>()[5], 5.5f);
+}
+
+// A copy to the same dtype keeps every bit, signaling NaNs (which a trip through float32
+// would quiet) and their payloads included (the soak found copy_of quieting them).
+TEST(Tensor, SameDtypeCopyIsBitwise) {
+  const uint16_t bits[] = {0x7c01, 0xfc01, 0x7f81, 0xff81, 0x7e00, 0x0001, 0x8000, 0x3c00};
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    Tensor t(dtype, Shape({2, 8}));
+    for (int r = 0; r < 2; ++r) std::memcpy(t.data_as<uint16_t>() + 8 * r, bits, sizeof bits);
+    const Tensor copy = Tensor::copy_of(t.view());
+    EXPECT_EQ(std::memcmp(copy.data(), t.data(), t.nbytes()), 0) << dtype_name(dtype);
+  }
+  Tensor f(DType::kFloat32, Shape({2}));
+  const uint32_t signaling = 0x7f800001;
+  std::memcpy(f.data(), &signaling, 4);
+  std::memcpy(f.data_as<uint32_t>() + 1, &signaling, 4);
+  EXPECT_EQ(std::memcmp(Tensor::copy_of(f.view()).data(), f.data(), 8), 0);
 }
 
 TEST(Half, RoundTripsAndRoundsToNearestEven) {

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "attend/error.hpp"
@@ -81,7 +82,7 @@ void uniform_rows(const detail::Communicator& comm, const RingPlan& plan, detail
   for (int step = 0; step < plan.ranks; ++step) {
     if (step > 0) {
       blocks.start(comm, step - 1);
-      blocks.finish();
+      blocks.finish(comm);
     }
     const TensorView v = blocks.value(step);
     const int owner = blocks.owner(step);
@@ -110,14 +111,15 @@ void uniform_rows(const detail::Communicator& comm, const RingPlan& plan, detail
   }
 }
 
-ShardResult ring_attention_float32(MPI_Comm comm_in, const TensorView& query, const TensorView& key,
-                                   const TensorView& value, const AttentionOptions& options,
+ShardResult ring_attention_float32(const detail::Communicator& comm, const TensorView& query,
+                                   const TensorView& key, const TensorView& value,
+                                   const AttentionOptions& options,
                                    const ContextParallelOptions& parallel) {
   const auto call_start = std::chrono::steady_clock::now();
   RingStatistics stats;
-  const detail::Communicator comm(comm_in);
   const RingPlan plan =
-      detail::agree_on_plan(comm, "ring_attention", query, key, value, options, parallel.layout);
+      detail::agree_on_plan(comm, comm.who(), query, key, value, options, parallel.layout);
+  comm.fault_point();
   const int64_t rows = plan.query_shard_len();
   const std::vector<Piece>& my_queries = plan.queries[static_cast<size_t>(plan.rank)];
 
@@ -134,12 +136,13 @@ ShardResult ring_attention_float32(MPI_Comm comm_in, const TensorView& query, co
   for (int step = 0; step < plan.ranks; ++step) {
     if (step > 0) {
       if (!parallel.overlap) {  // every rank done computing: the wait is the transfer alone
-        detail::check_mpi(MPI_Barrier(comm.get()), "MPI_Barrier");
+        comm.barrier("the barrier before a transfer");
         blocks.start(comm, step - 1);
       }
-      stats.wait_seconds += blocks.finish();
+      stats.wait_seconds += blocks.finish(comm);
     }
     if (parallel.overlap && step + 1 < plan.ranks) blocks.start(comm, step);
+    comm.fault_point();
     const auto compute_start = std::chrono::steady_clock::now();
     const int owner = blocks.owner(step);
     const TensorView k = blocks.key(step), v = blocks.value(step);
@@ -188,12 +191,17 @@ ShardResult ring_attention_float32(MPI_Comm comm_in, const TensorView& query, co
     }
     lse[row] = static_cast<float>(running);
   }
+  comm.fault_point();
   if (detail::may_leave_rows_empty(options)) {
     // Collective whenever such rows are possible, so that every rank takes part.
-    int any = dead.empty() ? 0 : 1, anywhere = 0;
-    detail::check_mpi(MPI_Allreduce(&any, &anywhere, 1, MPI_INT, MPI_MAX, comm.get()),
-                      "MPI_Allreduce");
-    if (anywhere) {
+    auto flags = std::make_unique<int[]>(2);  // this rank's, anywhere's
+    flags[0] = dead.empty() ? 0 : 1;
+    MPI_Request request = MPI_REQUEST_NULL;
+    detail::check_mpi(
+        MPI_Iallreduce(&flags[0], &flags[1], 1, MPI_INT, MPI_MAX, comm.get(), &request),
+        "MPI_Iallreduce");
+    comm.wait_collective(request, "whether any row saw no key", flags);
+    if (flags[1]) {
       detail::KeyBlocks values(plan, key, value, std::nullopt);
       uniform_rows(comm, plan, values, dead, options, result.output);
     }
@@ -210,12 +218,14 @@ ShardResult ring_attention_float32(MPI_Comm comm_in, const TensorView& query, co
 ShardResult ring_attention(MPI_Comm comm, const TensorView& query, const TensorView& key,
                            const TensorView& value, const AttentionOptions& options,
                            const ContextParallelOptions& parallel) {
-  Tensor storage[3];
-  ShardResult r = ring_attention_float32(comm, detail::as_float32(query, storage[0]),
-                                         detail::as_float32(key, storage[1]),
-                                         detail::as_float32(value, storage[2]), options, parallel);
-  r.output = detail::in_dtype(std::move(r.output), query.dtype);
-  return r;
+  return detail::guarded(comm, "ring_attention", parallel, [&](const detail::Communicator& c) {
+    Tensor storage[3];
+    ShardResult r = ring_attention_float32(
+        c, detail::as_float32(query, storage[0]), detail::as_float32(key, storage[1]),
+        detail::as_float32(value, storage[2]), options, parallel);
+    r.output = detail::in_dtype(std::move(r.output), query.dtype);
+    return r;
+  });
 }
 
 }  // namespace attend::mpi

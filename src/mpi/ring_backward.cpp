@@ -68,27 +68,43 @@ void check_shape(const char* name, const TensorView& t, const Shape& expected) {
   }
 }
 
+// The running dK/dV sums in flight: two send buffers (a send completes before its buffer is
+// reused) and one receive buffer. On an exit path the requests are cancelled, and the
+// buffers kept for ever if one is still pending.
+struct SumExchange {
+  Tensor sums[2], incoming;
+  MPI_Request sends[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  MPI_Request receive = MPI_REQUEST_NULL;
+  ~SumExchange() {
+    MPI_Request all[3] = {sends[0], sends[1], receive};
+    if (!detail::settle(all, 3)) {
+      for (Tensor& t : sums) detail::Communicator::keep_forever(std::move(t));
+      detail::Communicator::keep_forever(std::move(incoming));
+    }
+  }
+};
+
 AttentionGradients ring_attention_backward_float32(
-    MPI_Comm comm_in, const TensorView& grad_output, const TensorView& query, const TensorView& key,
-    const TensorView& value, const TensorView& output, const TensorView& logsumexp,
-    const AttentionOptions& options, const ContextParallelOptions& parallel) {
+    const detail::Communicator& comm, const TensorView& grad_output, const TensorView& query,
+    const TensorView& key, const TensorView& value, const TensorView& output,
+    const TensorView& logsumexp, const AttentionOptions& options,
+    const ContextParallelOptions& parallel) {
   const auto call_start = std::chrono::steady_clock::now();
   RingStatistics stats;
-  const detail::Communicator comm(comm_in);
-  const RingPlan plan = detail::agree_on_plan(comm, "ring_attention_backward", query, key, value,
-                                              options, parallel.layout, [&](const RingPlan& p) {
-                                                Shape out_shape = p.batch_shape,
-                                                      lse_shape = p.batch_shape;
-                                                out_shape.push_back(p.query_shard_len());
-                                                out_shape.push_back(p.value_dim);
-                                                lse_shape.push_back(p.query_shard_len());
-                                                check_shape("grad_output", grad_output, out_shape);
-                                                check_shape("output", output, out_shape);
-                                                check_shape("logsumexp", logsumexp, lse_shape);
-                                              });
+  const RingPlan plan = detail::agree_on_plan(
+      comm, comm.who(), query, key, value, options, parallel.layout, [&](const RingPlan& p) {
+        Shape out_shape = p.batch_shape, lse_shape = p.batch_shape;
+        out_shape.push_back(p.query_shard_len());
+        out_shape.push_back(p.value_dim);
+        lse_shape.push_back(p.query_shard_len());
+        check_shape("grad_output", grad_output, out_shape);
+        check_shape("output", output, out_shape);
+        check_shape("logsumexp", logsumexp, lse_shape);
+      });
   const int64_t rows = plan.query_shard_len(), E = plan.head_dim, Ev = plan.value_dim;
   const int64_t batch = plan.batch;
   const int dim = query.rank() - 2;
+  comm.fault_point();
 
   AttentionGradients g;
   g.query = Tensor::zeros(DType::kFloat32, query.shape);
@@ -106,11 +122,10 @@ AttentionGradients ring_attention_backward_float32(
   if (largest * static_cast<int64_t>(sizeof(float)) > INT_MAX) {
     throw Error("ring_attention_backward: a dK/dV block exceeds one MPI message (2 GiB)");
   }
-  Tensor sums[2] = {Tensor(DType::kFloat32, Shape({largest})),
-                    Tensor(DType::kFloat32, Shape({largest}))};
-  Tensor incoming(DType::kFloat32, Shape({largest}));
+  SumExchange exchange;
+  for (Tensor& t : exchange.sums) t = Tensor(DType::kFloat32, Shape({largest}));
+  exchange.incoming = Tensor(DType::kFloat32, Shape({largest}));
   Tensor contribution(DType::kFloat32, Shape({largest}));
-  MPI_Request sends[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 
   // Rows that saw no key anywhere (FullyMaskedRows::kUniform): their uniform weights pass a
   // gradient to every value, dV_j += Z_ij/((1 − p)·Lk)·dO_i. Found by the forward's lse.
@@ -134,20 +149,21 @@ AttentionGradients ring_attention_backward_float32(
   for (int step = 0; step < plan.ranks; ++step) {
     if (step > 0) {
       if (!parallel.overlap) {  // every rank done computing: the wait is the transfer alone
-        detail::check_mpi(MPI_Barrier(comm.get()), "MPI_Barrier");
+        comm.barrier("the barrier before a transfer");
         blocks.start(comm, step - 1);
       }
-      stats.wait_seconds += blocks.finish();
+      stats.wait_seconds += blocks.finish(comm);
     }
     if (parallel.overlap && step + 1 < plan.ranks) blocks.start(comm, step);
+    comm.fault_point();
     const int owner = blocks.owner(step);
     const int64_t lk = plan.key_shard_len[static_cast<size_t>(owner)];
     const int64_t floats = batch * lk * (E + Ev);
-    MPI_Request receive = MPI_REQUEST_NULL;
     if (step > 0) {
-      detail::check_mpi(MPI_Irecv(incoming.data(), static_cast<int>(floats), MPI_FLOAT,
-                                  comm.previous(), kSumTag + step - 1, comm.get(), &receive),
-                        "MPI_Irecv of a dK/dV sum");
+      detail::check_mpi(
+          MPI_Irecv(exchange.incoming.data(), static_cast<int>(floats), MPI_FLOAT, comm.previous(),
+                    kSumTag + step - 1, comm.get(), &exchange.receive),
+          "MPI_Irecv of a dK/dV sum");
     }
     const auto compute_start = std::chrono::steady_clock::now();
     float* dk = contribution.data_as<float>();
@@ -198,28 +214,31 @@ AttentionGradients ring_attention_backward_float32(
     stats.compute_seconds += detail::seconds_since(compute_start);
     // The running sum of o's gradients: what came from rank r − 1, plus this rank's part.
     const auto wait_start = std::chrono::steady_clock::now();
-    float* sum = sums[step % 2].data_as<float>();
-    detail::check_mpi(MPI_Wait(&sends[step % 2], MPI_STATUS_IGNORE), "MPI_Wait on a dK/dV sum");
+    float* sum = exchange.sums[step % 2].data_as<float>();
+    comm.wait(&exchange.sends[step % 2], 1, "waiting for a dK/dV sum to leave");
     if (step > 0) {
-      detail::check_mpi(MPI_Wait(&receive, MPI_STATUS_IGNORE), "MPI_Wait on a dK/dV sum");
-      const float* in = incoming.data_as<float>();
+      comm.wait(&exchange.receive, 1, "waiting for a dK/dV sum");
+      const float* in = exchange.incoming.data_as<float>();
       for (int64_t n = 0; n < floats; ++n) sum[n] = in[n] + dk[n];
     } else {
       std::copy_n(dk, floats, sum);
     }
     stats.wait_seconds += detail::seconds_since(wait_start);
     detail::check_mpi(MPI_Isend(sum, static_cast<int>(floats), MPI_FLOAT, comm.next(),
-                                kSumTag + step, comm.get(), &sends[step % 2]),
+                                kSumTag + step, comm.get(), &exchange.sends[step % 2]),
                       "MPI_Isend of a dK/dV sum");
     stats.bytes_sent += static_cast<uint64_t>(floats) * sizeof(float);
   }
   // This rank's own keys' gradients, summed by every rank, arrive from rank r − 1.
+  comm.fault_point();
   const int64_t lk = plan.key_shard_len[static_cast<size_t>(plan.rank)];
   detail::check_mpi(
-      MPI_Recv(incoming.data(), static_cast<int>(batch * lk * (E + Ev)), MPI_FLOAT, comm.previous(),
-               kSumTag + plan.ranks - 1, comm.get(), MPI_STATUS_IGNORE),
-      "MPI_Recv of this rank's dK/dV");
-  detail::check_mpi(MPI_Waitall(2, sends, MPI_STATUSES_IGNORE), "MPI_Waitall on the dK/dV sums");
+      MPI_Irecv(exchange.incoming.data(), static_cast<int>(batch * lk * (E + Ev)), MPI_FLOAT,
+                comm.previous(), kSumTag + plan.ranks - 1, comm.get(), &exchange.receive),
+      "MPI_Irecv of this rank's dK/dV");
+  comm.wait(&exchange.receive, 1, "waiting for this rank's dK/dV");
+  comm.wait(exchange.sends, 2, "waiting for the dK/dV sums to leave");
+  const Tensor& incoming = exchange.incoming;
   stats.bytes_sent += blocks.bytes_sent();
   Shape k_shape = plan.batch_shape, v_shape = plan.batch_shape;
   k_shape.push_back(lk);
@@ -269,13 +288,16 @@ AttentionGradients ring_attention_backward(MPI_Comm comm, const TensorView& grad
                                            const TensorView& logsumexp,
                                            const AttentionOptions& options,
                                            const ContextParallelOptions& parallel) {
-  return detail::backward_in_float32(
-      grad_output, query, key, value, output,
-      [&](const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
-          const TensorView& o) {
-        return ring_attention_backward_float32(comm, dout, q, k, v, o, logsumexp, options,
-                                               parallel);
-      });
+  return detail::guarded(comm, "ring_attention_backward", parallel,
+                         [&](const detail::Communicator& c) {
+                           return detail::backward_in_float32(
+                               grad_output, query, key, value, output,
+                               [&](const TensorView& dout, const TensorView& q, const TensorView& k,
+                                   const TensorView& v, const TensorView& o) {
+                                 return ring_attention_backward_float32(
+                                     c, dout, q, k, v, o, logsumexp, options, parallel);
+                               });
+                         });
 }
 
 }  // namespace attend::mpi

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "attend/error.hpp"
@@ -45,22 +46,6 @@ void check_mpi(int rc, const char* what) {
   int length = 0;
   MPI_Error_string(rc, message, &length);
   throw Error(std::string(what) + " failed: " + std::string(message, static_cast<size_t>(length)));
-}
-
-Communicator::Communicator(MPI_Comm comm) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) throw Error("context parallelism: MPI is not initialized (call MPI_Init)");
-  if (comm == MPI_COMM_NULL) throw Error("context parallelism: the communicator is null");
-  // MPI_Comm_dup is collective: every rank reaches it, so it cannot strand a rank.
-  check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
-}
-
-Communicator::~Communicator() {
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 namespace {
@@ -168,14 +153,17 @@ void set_message(Signature& s, const std::string& message) {
 // Every rank's signature, or the first failure as attend::Error on every rank.
 std::vector<Signature> gather(const Communicator& comm, const char* who, const Signature& mine) {
   std::vector<Signature> all(static_cast<size_t>(comm.size()));
-  check_mpi(MPI_Allgather(&mine, sizeof(Signature), MPI_BYTE, all.data(), sizeof(Signature),
-                          MPI_BYTE, comm.get()),
-            "MPI_Allgather");
+  auto sent = std::make_unique<Signature>(mine);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(sent.get(), sizeof(Signature), MPI_BYTE, all.data(), sizeof(Signature),
+                           MPI_BYTE, comm.get(), &request),
+            "MPI_Iallgather");
+  comm.wait_collective(request, "the collective check", sent, all);
   for (int r = 0; r < comm.size(); ++r) {
     const Signature& s = all[static_cast<size_t>(r)];
     if (s.failed) {
-      throw Error(std::string(who) + ": rank " + std::to_string(r) + ": " +
-                  std::string(s.message, strnlen(s.message, sizeof s.message)));
+      throw AgreedError(std::string(who) + ": rank " + std::to_string(r) + ": " +
+                        std::string(s.message, strnlen(s.message, sizeof s.message)));
     }
   }
   return all;
@@ -289,10 +277,10 @@ RingPlan agree_on_plan(const Communicator& comm, const char* who, const TensorVi
     for (int f = 0; f < kFieldCount; ++f) {
       if (f == kQueryLen || f == kKeyLen) continue;
       if (all[static_cast<size_t>(r)].field[f] != first.field[f]) {
-        throw Error(std::string(who) + ": rank " + std::to_string(r) +
-                    " disagrees with rank 0 on " + kFieldNames[f] + " (" +
-                    std::to_string(all[static_cast<size_t>(r)].field[f]) + " against " +
-                    std::to_string(first.field[f]) + ")");
+        throw AgreedError(std::string(who) + ": rank " + std::to_string(r) +
+                          " disagrees with rank 0 on " + kFieldNames[f] + " (" +
+                          std::to_string(all[static_cast<size_t>(r)].field[f]) + " against " +
+                          std::to_string(first.field[f]) + ")");
       }
     }
   }
@@ -314,17 +302,18 @@ RingPlan agree_on_plan(const Communicator& comm, const char* who, const TensorVi
     const int64_t lq = s.field[kQueryLen], lk = s.field[kKeyLen];
     if (layout == ShardLayout::kZigzag &&
         (lq != first.field[kQueryLen] || lk != first.field[kKeyLen] || lq % 2 || lk % 2)) {
-      throw Error(std::string(who) +
-                  ": the zigzag layout needs every rank to hold two equal "
-                  "chunks of queries and of keys (even lengths, the same on every rank); rank " +
-                  std::to_string(r) + " holds " + std::to_string(lq) + " queries and " +
-                  std::to_string(lk) + " keys" +
-                  (r == 0 ? std::string()
-                          : ", rank 0 " + std::to_string(first.field[kQueryLen]) + " and " +
-                                std::to_string(first.field[kKeyLen])));
+      throw AgreedError(
+          std::string(who) +
+          ": the zigzag layout needs every rank to hold two equal "
+          "chunks of queries and of keys (even lengths, the same on every rank); rank " +
+          std::to_string(r) + " holds " + std::to_string(lq) + " queries and " +
+          std::to_string(lk) + " keys" +
+          (r == 0 ? std::string()
+                  : ", rank 0 " + std::to_string(first.field[kQueryLen]) + " and " +
+                        std::to_string(first.field[kKeyLen])));
     }
     if (lk < 1) {
-      throw Error(std::string(who) + ": rank " + std::to_string(r) + " holds no key");
+      throw AgreedError(std::string(who) + ": rank " + std::to_string(r) + " holds no key");
     }
     plan.queries.push_back(pieces_of(layout, query_offset, lq, plan.query_len, comm.size(), r));
     plan.keys.push_back(pieces_of(layout, key_offset, lk, plan.key_len, comm.size(), r));
@@ -524,6 +513,12 @@ std::optional<TensorView> KeyBlocks::segments(int step) const {
       DType::kInt32, shape);
 }
 
+KeyBlocks::~KeyBlocks() {
+  if (!settle(requests_, 2)) {
+    for (Tensor& b : buffers_) Communicator::keep_forever(std::move(b));
+  }
+}
+
 void KeyBlocks::start(const Communicator& comm, int step) {
   const int64_t send = floats_for(owner(step)), receive = floats_for(owner(step + 1));
   check_mpi(MPI_Irecv(buffers_[1 - current_].data(), static_cast<int>(receive), MPI_FLOAT,
@@ -535,9 +530,9 @@ void KeyBlocks::start(const Communicator& comm, int step) {
   bytes_sent_ += static_cast<uint64_t>(send) * sizeof(float);
 }
 
-double KeyBlocks::finish() {
+double KeyBlocks::finish(const Communicator& comm) {
   const auto start = std::chrono::steady_clock::now();
-  check_mpi(MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE), "MPI_Waitall on a key/value shard");
+  comm.wait(requests_, 2, "waiting for a key/value shard");
   current_ = 1 - current_;
   return seconds_since(start);
 }

@@ -8,37 +8,134 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "attend/error.hpp"
 #include "attend/mpi/ring.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/tensor.hpp"
 
 namespace attend::mpi::detail {
 
-// A duplicate of the caller's communicator (its own message space; errors returned, not
-// fatal), freed on destruction.
+// Throws attend::Error "<what>: <MPI's message>" unless rc is MPI_SUCCESS.
+void check_mpi(int rc, const char* what);
+
+// One call's communicator: a duplicate of the caller's (its own message space; errors
+// returned, not fatal) and the failure policy of attend/mpi/ring.hpp: waits that poll with a
+// deadline and for other ranks' failure notices. Freed on destruction, unless the call failed
+// (then kept, with whatever messages of the failed exchange it may still receive).
 class Communicator {
  public:
-  explicit Communicator(MPI_Comm comm);
+  // `who` names the call in messages (a string literal).
+  Communicator(MPI_Comm comm, const char* who, const ContextParallelOptions& parallel);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
   MPI_Comm get() const { return comm_; }
+  const char* who() const { return who_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   int next() const { return (rank_ + 1) % size_; }
   int previous() const { return (rank_ + size_ - 1) % size_; }
 
+  // Returns once the `count` requests completed. Throws attend::Error when another rank
+  // reports a failure (RemoteFailure), or when nothing completes for the timeout. `what`
+  // names the wait in messages.
+  void wait(MPI_Request* requests, int count, const char* what) const;
+  // A non-blocking collective on `request` using `buffers` (moved from on failure: a pending
+  // collective cannot be cancelled, so its buffers are kept for ever, never freed).
+  template <class... Buffers>
+  void wait_collective(MPI_Request& request, const char* what, Buffers&... buffers) const {
+    try {
+      wait(&request, 1, what);
+    } catch (...) {
+      (keep_forever(std::move(buffers)), ...);
+      throw;
+    }
+  }
+  void barrier(const char* what) const;  // MPI_Ibarrier, waited for
+
+  // Test-only fault injection: the n-th call of fault_point() in this call (n from 0) on the
+  // rank named by ATTEND_FAULT=rank:n:kind acts, kind one of: throw (attend::Error), std
+  // (std::runtime_error), alloc (an allocation that fails), exit (the process ends, code 3,
+  // without MPI_Finalize), stall (sleeps 4 timeouts, then throws: the others must time out first).
+  // Inert when unset.
+  void fault_point() const;
+
+  // This rank failed with `message`: tells every other rank (a notice each waits for) and
+  // keeps the duplicate for ever. No-op for a failure learnt from another rank.
+  void fail(const std::string& message) noexcept;
+  void abandon() noexcept { failed_ = true; }  // keep the duplicate (messages may be in flight)
+
+  // Moves `storage` into a list kept for the life of the process (under a request that may
+  // still use it; reachable, so not a leak for LeakSanitizer).
+  template <class T>
+  static void keep_forever(T&& storage) {
+    keep_forever_erased(std::make_shared<std::decay_t<T>>(std::forward<T>(storage)));
+  }
+
  private:
+  static void keep_forever_erased(std::shared_ptr<void> storage);
+  void check_for_notice() const;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  const char* who_ = "";
   int rank_ = 0, size_ = 1;
+  double timeout_ = 10.0;
+  bool failed_ = false;
+  mutable int fault_points_ = 0;
 };
 
-// Throws attend::Error "<what>: <MPI's message>" unless rc is MPI_SUCCESS.
-void check_mpi(int rc, const char* what);
+// An error every rank throws alike (found from data every rank has, such as the collective
+// check's): no notice is needed and nothing is in flight.
+class AgreedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A failure another rank reported.
+class RemoteFailure : public Error {
+ public:
+  using Error::Error;
+};
+
+// Cancels the active requests among `count` and tests them once: false when some are still
+// pending (the caller then keeps their buffers for ever). For destructors on exit paths.
+bool settle(MPI_Request* requests, int count) noexcept;
+
+// Runs body(comm) on a Communicator of `comm` under the failure policy: on success, a closing
+// barrier (every rank reached its end) before returning; on an exception, every other rank
+// is told (Communicator::fail) and this rank throws attend::Error (a non-attend exception
+// becomes one naming it).
+template <class Body>
+auto guarded(MPI_Comm comm, const char* who, const ContextParallelOptions& parallel,
+             const Body& body) {
+  Communicator c(comm, who, parallel);
+  try {
+    auto result = body(c);
+    c.fault_point();
+    c.barrier("the closing barrier");
+    return result;
+  } catch (const AgreedError&) {
+    throw;
+  } catch (const RemoteFailure&) {
+    c.abandon();
+    throw;
+  } catch (const Error& e) {
+    c.fail(e.what());
+    throw;
+  } catch (const std::exception& e) {
+    c.fail(e.what());
+    throw Error(std::string(who) + ": " + e.what());
+  } catch (...) {
+    c.fail("an exception that is not a std::exception");
+    throw Error(std::string(who) + ": an exception that is not a std::exception");
+  }
+}
 
 // A run of this rank's shard: `length` positions from `local` in the shard, at `global`.
 struct Piece {
@@ -110,6 +207,9 @@ class KeyBlocks {
  public:
   KeyBlocks(const RingPlan& plan, const TensorView& key, const TensorView& value,
             const std::optional<TensorView>& segment_ids_key);
+  ~KeyBlocks();  // requests in flight cancelled; their buffers kept for ever if still pending
+  KeyBlocks(const KeyBlocks&) = delete;
+  KeyBlocks& operator=(const KeyBlocks&) = delete;
   // The block held at step s (owner (rank − s) mod N) and its views.
   int owner(int step) const;
   TensorView key(int step) const;
@@ -118,7 +218,7 @@ class KeyBlocks {
   // Sends the block of step s onward and receives that of step s + 1; finish() waits for both
   // and makes it current. Returns seconds blocked.
   void start(const Communicator& comm, int step);
-  double finish();
+  double finish(const Communicator& comm);
   uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:

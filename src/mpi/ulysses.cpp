@@ -57,10 +57,12 @@ Shape with_heads(const RingPlan& plan, int64_t heads, int64_t length, int64_t wi
   return s;
 }
 
-// The exchange itself; counts in floats. Returns seconds spent.
-double all_to_all(const detail::Communicator& comm, const Tensor& send,
+// The exchange itself; counts in floats. Returns seconds spent. On failure, the buffers and
+// counts are kept for ever (moved from): MPI may still use them.
+double all_to_all(const detail::Communicator& comm, Tensor& send,
                   const std::vector<int64_t>& send_counts, Tensor& receive,
                   const std::vector<int64_t>& receive_counts, uint64_t& bytes_sent) {
+  comm.fault_point();
   const auto start = std::chrono::steady_clock::now();
   const int n = comm.size();
   std::vector<int> sc(static_cast<size_t>(n)), sd(static_cast<size_t>(n)),
@@ -76,9 +78,11 @@ double all_to_all(const detail::Communicator& comm, const Tensor& send,
     if (r != comm.rank())
       bytes_sent += static_cast<uint64_t>(send_counts[static_cast<size_t>(r)]) * 4;
   }
-  detail::check_mpi(MPI_Alltoallv(send.data(), sc.data(), sd.data(), MPI_FLOAT, receive.data(),
-                                  rc.data(), rd.data(), MPI_FLOAT, comm.get()),
-                    "MPI_Alltoallv");
+  MPI_Request request = MPI_REQUEST_NULL;
+  detail::check_mpi(MPI_Ialltoallv(send.data(), sc.data(), sd.data(), MPI_FLOAT, receive.data(),
+                                   rc.data(), rd.data(), MPI_FLOAT, comm.get(), &request),
+                    "MPI_Ialltoallv");
+  comm.wait_collective(request, "an all-to-all", send, receive, sc, sd, rc, rd);
   return detail::seconds_since(start);
 }
 
@@ -226,15 +230,14 @@ AttentionOptions head_options(const AttentionOptions& options, const RingPlan& p
   return o;
 }
 
-ShardResult ulysses_attention_float32(MPI_Comm comm_in, const TensorView& query,
+ShardResult ulysses_attention_float32(const detail::Communicator& comm, const TensorView& query,
                                       const TensorView& key, const TensorView& value,
                                       const AttentionOptions& options,
                                       const ContextParallelOptions& parallel) {
   const auto call_start = std::chrono::steady_clock::now();
   RingStatistics stats;
-  const detail::Communicator comm(comm_in);
   const RingPlan plan =
-      detail::agree_on_plan(comm, "ulysses_attention", query, key, value, options, parallel.layout,
+      detail::agree_on_plan(comm, comm.who(), query, key, value, options, parallel.layout,
                             [&](const RingPlan& p) { check_head_parallel(options, p); });
   const HeadSplit heads = split_heads(plan.batch_shape.back(0), plan.ranks);
   Exchange exchange{comm, plan, heads, stats};
@@ -244,6 +247,7 @@ ShardResult ulysses_attention_float32(MPI_Comm comm_in, const TensorView& query,
   Tensor slopes;
   const AttentionOptions o =
       head_options(options, plan, heads.of_rank[static_cast<size_t>(plan.rank)], slopes);
+  comm.fault_point();
   const auto compute_start = std::chrono::steady_clock::now();
   const AttentionResult r = scaled_dot_product_attention(q.view(), k.view(), v.view(), o);
   stats.compute_seconds = detail::seconds_since(compute_start);
@@ -258,15 +262,14 @@ ShardResult ulysses_attention_float32(MPI_Comm comm_in, const TensorView& query,
 }
 
 AttentionGradients ulysses_attention_backward_float32(
-    MPI_Comm comm_in, const TensorView& grad_output, const TensorView& query, const TensorView& key,
-    const TensorView& value, const TensorView& output, const TensorView& logsumexp,
-    const AttentionOptions& options, const ContextParallelOptions& parallel) {
+    const detail::Communicator& comm, const TensorView& grad_output, const TensorView& query,
+    const TensorView& key, const TensorView& value, const TensorView& output,
+    const TensorView& logsumexp, const AttentionOptions& options,
+    const ContextParallelOptions& parallel) {
   const auto call_start = std::chrono::steady_clock::now();
   RingStatistics stats;
-  const detail::Communicator comm(comm_in);
   const RingPlan plan = detail::agree_on_plan(
-      comm, "ulysses_attention_backward", query, key, value, options, parallel.layout,
-      [&](const RingPlan& p) {
+      comm, comm.who(), query, key, value, options, parallel.layout, [&](const RingPlan& p) {
         check_head_parallel(options, p);
         Shape out_shape = p.batch_shape, lse_shape = p.batch_shape;
         out_shape.push_back(p.query_shard_len());
@@ -292,6 +295,7 @@ AttentionGradients ulysses_attention_backward_float32(
   const Tensor lse = exchange.to_heads(as_column(logsumexp), plan.queries);
   Tensor slopes;
   const AttentionOptions o = head_options(options, plan, mine, slopes);
+  comm.fault_point();
   const auto compute_start = std::chrono::steady_clock::now();
   const AttentionGradients h = scaled_dot_product_attention_backward(
       d_out.view(), q.view(), k.view(), v.view(), out.view(), without_column(lse.view()), o);
@@ -317,12 +321,14 @@ AttentionGradients ulysses_attention_backward_float32(
 ShardResult ulysses_attention(MPI_Comm comm, const TensorView& query, const TensorView& key,
                               const TensorView& value, const AttentionOptions& options,
                               const ContextParallelOptions& parallel) {
-  Tensor storage[3];
-  ShardResult r = ulysses_attention_float32(
-      comm, detail::as_float32(query, storage[0]), detail::as_float32(key, storage[1]),
-      detail::as_float32(value, storage[2]), options, parallel);
-  r.output = detail::in_dtype(std::move(r.output), query.dtype);
-  return r;
+  return detail::guarded(comm, "ulysses_attention", parallel, [&](const detail::Communicator& c) {
+    Tensor storage[3];
+    ShardResult r = ulysses_attention_float32(
+        c, detail::as_float32(query, storage[0]), detail::as_float32(key, storage[1]),
+        detail::as_float32(value, storage[2]), options, parallel);
+    r.output = detail::in_dtype(std::move(r.output), query.dtype);
+    return r;
+  });
 }
 
 AttentionGradients ulysses_attention_backward(MPI_Comm comm, const TensorView& grad_output,
@@ -331,13 +337,16 @@ AttentionGradients ulysses_attention_backward(MPI_Comm comm, const TensorView& g
                                               const TensorView& logsumexp,
                                               const AttentionOptions& options,
                                               const ContextParallelOptions& parallel) {
-  return detail::backward_in_float32(
-      grad_output, query, key, value, output,
-      [&](const TensorView& dout, const TensorView& q, const TensorView& k, const TensorView& v,
-          const TensorView& o) {
-        return ulysses_attention_backward_float32(comm, dout, q, k, v, o, logsumexp, options,
-                                                  parallel);
-      });
+  return detail::guarded(comm, "ulysses_attention_backward", parallel,
+                         [&](const detail::Communicator& c) {
+                           return detail::backward_in_float32(
+                               grad_output, query, key, value, output,
+                               [&](const TensorView& dout, const TensorView& q, const TensorView& k,
+                                   const TensorView& v, const TensorView& o) {
+                                 return ulysses_attention_backward_float32(
+                                     c, dout, q, k, v, o, logsumexp, options, parallel);
+                               });
+                         });
 }
 
 }  // namespace attend::mpi

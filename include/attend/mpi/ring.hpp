@@ -35,6 +35,21 @@
 // attend::Error. Shards are float32, float16 or bfloat16: half precision is widened to
 // float32 on entry (computed and sent as float32, twice its bytes on the wire) and the
 // output (gradients) come back in the inputs' dtypes; logsumexp is float32.
+//
+// Failure without a hang (every call here): a failure on one rank after the collective check
+// (an exception, an allocation that fails, a peer that stalls or vanishes) ends the call on
+// every rank with an attend::Error within ContextParallelOptions::timeout_seconds (10 s by
+// default). The policy: every wait polls (MPI_Test) with a deadline, so no rank blocks for
+// longer than the timeout without progress; a rank that fails tells every other rank at once
+// (a notice on the call's own communicator, which each wait also polls), so they end within
+// milliseconds instead of at the deadline; a call succeeds on a rank only once every rank
+// reached its end (a closing barrier). The library never calls MPI_Abort: the caller decides
+// (abort the job, or go on: the caller's communicator stays usable). Requests in flight on
+// an exit path are cancelled or completed; a buffer MPI may still use is never freed (it is
+// kept, with the failed call's duplicate communicator, for the life of the process: a few
+// buffers per failure, so that no message of a failed exchange can reach a later call).
+// Rank-count-independent failures (bad arguments) are found by the collective check and need
+// none of this. Fault injection for tests: ATTEND_FAULT (tests/ring_fault_test.cc).
 #pragma once
 
 #include <mpi.h>
@@ -84,6 +99,11 @@ struct ContextParallelOptions {
   // alone (benchmarks; what overlap hides).
   bool overlap = true;
   RingStatistics* statistics = nullptr;  // filled when not null
+  // The bound on a failure: a wait for other ranks that makes no progress for this many
+  // seconds ends the call with attend::Error on this rank (a peer failed or stalled). Keep it
+  // above the longest computation of one step on the slowest rank. 0: the environment
+  // variable ATTEND_MPI_TIMEOUT (seconds) if set, else 10; infinity: no deadline.
+  double timeout_seconds = 0.0;
 };
 
 // This rank's output (..., Lq_r, Ev) and log-sum-exp (..., Lq_r), float32; lse as the
