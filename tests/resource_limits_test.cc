@@ -165,9 +165,7 @@ class CacheLimits : public ::testing::TestWithParam<DType> {};
 
 // A cache of three sequences of 700 tokens and a fork, attended by chunks of 64 queries under
 // every threshold: refused with "out of memory" and the cache as it was. `outputs_kept`: the
-// output and key_mass as they were too, which paged attention does not promise yet (it
-// writes sequence by sequence, and a later sequence's workspace can fail after an earlier
-// one was written; see PagedAttendLeavesTheOutputsAsTheyWere below).
+// output and key_mass as they were too (PagedAttendLeavesTheOutputsAsTheyWere below).
 void attend_under_allocation_failure(DType dtype, bool outputs_kept) {
   KvCacheConfig config;
   config.num_blocks = 200;
@@ -214,9 +212,8 @@ TEST_P(CacheLimits, AttendWorkspaceThatCannotBeAllocatedLeavesTheCache) {
   attend_under_allocation_failure(GetParam(), false);
 }
 
-// Known gap (reported for the paged-attention rewrite, issue 21): enable once paged attention
-// allocates every sequence's workspace before writing any output.
-TEST_P(CacheLimits, DISABLED_PagedAttendLeavesTheOutputsAsTheyWere) {
+// Paged attention runs every sequence into staging tensors and copies them out at the end.
+TEST_P(CacheLimits, PagedAttendLeavesTheOutputsAsTheyWere) {
   SKIP_WITHOUT_ALLOCATION_FAULTS();
   attend_under_allocation_failure(GetParam(), true);
 }

@@ -269,12 +269,17 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
     if (logsumexp && detail::overlaps(*key_mass, *logsumexp)) {
       throw Error("key_mass overlaps the memory of logsumexp");
     }
-    for (int64_t s = 0; s < batch; ++s) {
-      for (int64_t t = 0; t < expected[1]; ++t) {
-        key_mass->data_as<float>()[s * key_mass->strides[0] + t * key_mass->strides[1]] = 0.0f;
-      }
-    }
   }
+
+  // The results go to staging tensors first, copied into the caller's views once every
+  // sequence has run: a sequence that fails (a workspace that cannot be allocated) leaves
+  // output, logsumexp and key_mass as they were. Staging costs a copy of the outputs, small
+  // beside the keys and values a call reads.
+  Tensor staged_output(output.dtype, output.shape);
+  std::optional<Tensor> staged_lse, staged_mass;
+  if (logsumexp) staged_lse.emplace(DType::kFloat32, logsumexp->shape);
+  if (key_mass) staged_mass.emplace(Tensor::zeros(DType::kFloat32, key_mass->shape));
+  const TensorView out_view = staged_output.view();
 
   AttentionOptions per_sequence = options;
   per_sequence.need_logsumexp = false;
@@ -295,8 +300,10 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
         AttentionOptions o = per_sequence;
         o.num_threads = sequence_threads;
         AttentionOutputViews outs;
-        outs.output = detail::sequence_view(output, seq.q_begin, seq.q_len);
-        if (logsumexp) outs.logsumexp = detail::sequence_rows(*logsumexp, seq.q_begin, seq.q_len);
+        outs.output = detail::sequence_view(out_view, seq.q_begin, seq.q_len);
+        if (staged_lse) {
+          outs.logsumexp = detail::sequence_rows(staged_lse->view(), seq.q_begin, seq.q_len);
+        }
         // Each sequence's keys gathered at most once (key_mass and a prefill chunk).
         std::optional<Tensor> key_copy, value_copy;
         std::optional<std::pair<TensorView, TensorView>> copies;
@@ -310,10 +317,10 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
           return *copies;
         };
         if (key_mass) {  // the listing's weights of this sequence, summed per key
-          write_key_mass(
-              q, gathered().first, gathered().second, per_sequence, sequence_threads,
-              key_mass->data_as<float>() + static_cast<int64_t>(s) * key_mass->strides[0],
-              key_mass->strides[1], keys.start);
+          const Shape mass_strides = staged_mass->view().strides;
+          write_key_mass(q, gathered().first, gathered().second, per_sequence, sequence_threads,
+                         staged_mass->data_as<float>() + static_cast<int64_t>(s) * mass_strides[0],
+                         mass_strides[1], keys.start);
         }
         if (blocks_in_place && seq.q_len <= kMaxDecodeQueries) {
           detail::StoredKeys stored = blocks;
@@ -324,6 +331,9 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
         }
         scaled_dot_product_attention_into(q, gathered().first, gathered().second, outs, o);
       });
+  convert(staged_output.view(), output);
+  if (logsumexp) convert(staged_lse->view(), *logsumexp);
+  if (key_mass) convert(staged_mass->view(), *key_mass);
 }
 
 }  // namespace
