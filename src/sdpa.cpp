@@ -575,10 +575,10 @@ bool StoredKeys::readable_in_place() const {
            (s->rank() == 3 && s->dtype == DType::kFloat32 && s->strides[0] == rows * s->strides[1]);
   };
   // float16 only where the SIMD target widens it exactly (F16C), as the dense call does.
-  return is_kv_format(key_blocks.dtype) && key_blocks.dtype == value_blocks.dtype &&
-         key_blocks.strides[1] > 0 && key_blocks.strides[0] % key_blocks.strides[1] == 0 &&
-         fits(key_blocks) && fits(value_blocks) && scales_fit(key_scales) &&
-         scales_fit(value_scales) && (key_scales == nullptr) == (value_scales == nullptr) &&
+  return rows > 0 && is_kv_format(key_blocks.dtype) && key_blocks.dtype == value_blocks.dtype &&
+         key_blocks.strides[0] % key_blocks.strides[1] == 0 && fits(key_blocks) &&
+         fits(value_blocks) && scales_fit(key_scales) && scales_fit(value_scales) &&
+         (key_scales == nullptr) == (value_scales == nullptr) &&
          (key_blocks.dtype != DType::kFloat16 || exact_f16_widening());
 }
 

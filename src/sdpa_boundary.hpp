@@ -87,8 +87,10 @@ struct StoredKeys {
   // A view (Hkv, length, D) of `dtype` with the blocks' strides, for the checks of the dense
   // problem (never read).
   TensorView stand_in(bool value, DType dtype) const;
-  // Rows from one block to the next (SdpaParams::block_rows).
-  int64_t block_rows() const { return key_blocks.strides[0] / key_blocks.strides[1]; }
+  // Rows from one block to the next (SdpaParams::block_rows); 0 for a row stride of 0.
+  int64_t block_rows() const {
+    return key_blocks.strides[1] > 0 ? key_blocks.strides[0] / key_blocks.strides[1] : 0;
+  }
   // Whether the kernels can read these blocks in place (else a gathered copy).
   bool readable_in_place() const;
 };

@@ -274,6 +274,35 @@ INSTANTIATE_TEST_SUITE_P(Formats, PagedDecode, ::testing::ValuesIn(decode_cases(
                            return name;
                          });
 
+// Blocks whose row stride is 0 (block size 1, a broadcast view) cannot be read through the
+// block table's slots: they are gathered, never divided by their stride.
+TEST(PagedAttention, ZeroRowStrideBlocksAreGathered) {
+  const Tensor storage = random_tensor(Shape({6, 1, 2, 16}), 3);
+  TensorView blocks = storage.view();
+  blocks.strides[1] = 0;  // block_size 1: the stride is never stepped
+  Tensor tables(DType::kInt32, Shape({1, 6}));
+  for (int32_t n = 0; n < 6; ++n) tables.data_as<int32_t>()[n] = 5 - n;
+  Tensor lens(DType::kInt32, Shape({1}));
+  lens.data_as<int32_t>()[0] = 6;
+  const Tensor q = random_tensor(Shape({1, 4, 16}), 4);
+  const Tensor cu_q = offsets({1});
+  Tensor out(DType::kFloat32, Shape({1, 4, 16}));
+  paged_attention_into(q.view(), cu_q.view(), blocks, blocks, tables.view(), lens.view(),
+                       out.view());
+  // The same keys, contiguous, in table order.
+  Tensor keys(DType::kFloat32, Shape({6, 2, 16}));
+  for (int64_t t = 0; t < 6; ++t) {
+    std::memcpy(keys.data_as<float>() + t * 32, storage.data_as<float>() + (5 - t) * 32,
+                32 * sizeof(float));
+  }
+  const Tensor cu_k = offsets({6});
+  const Tensor want =
+      varlen_attention(q.view(), keys.view(), keys.view(), cu_q.view(), cu_k.view(), {});
+  for (int64_t n = 0; n < out.numel(); ++n) {
+    EXPECT_NEAR(out.data_as<float>()[n], want.data_as<float>()[n], 1e-5) << n;
+  }
+}
+
 // The FP8 codecs: every code decodes to the OCP value, encodes back to itself (NaN aside),
 // and encoding rounds to nearest (even), saturating at the largest finite value.
 TEST(Float8, EveryCodeRoundTripsAndEncodingRoundsToNearest) {
