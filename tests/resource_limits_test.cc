@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,14 @@ namespace {
 
 constexpr float kUntouched = 7.25f;
 
-std::vector<char> bytes_of(const TensorView& v) {
-  const auto* p = static_cast<const char*>(v.data);
-  return std::vector<char>(p, p + v.numel() * static_cast<int64_t>(dtype_size(v.dtype)));
+// The bytes of each view's storage, one after the other (the views cover their storage).
+std::vector<char> bytes_of(std::initializer_list<TensorView> views) {
+  std::vector<char> all;
+  for (const TensorView& v : views) {
+    const auto* p = static_cast<const char*>(v.data);
+    all.insert(all.end(), p, p + v.numel() * static_cast<int64_t>(dtype_size(v.dtype)));
+  }
+  return all;
 }
 
 Tensor filled(const Shape& shape) {
@@ -92,11 +98,7 @@ TEST(ResourceLimits, ForwardWorkspaceThatCannotBeAllocated) {
             AttentionOutputViews{out.view(), weights.view(), lse.view()}, options);
       },
       [&] {
-        std::vector<char> all = bytes_of(out.view()), w = bytes_of(weights.view()),
-                          l = bytes_of(lse.view());
-        all.insert(all.end(), w.begin(), w.end());
-        all.insert(all.end(), l.begin(), l.end());
-        return all;
+        return bytes_of({out.view(), weights.view(), lse.view()});
       },
       [&] {
         out = filled(Shape({2, 4, 200, 64}));
@@ -125,11 +127,7 @@ TEST(ResourceLimits, BackwardWorkspaceThatCannotBeAllocated) {
             AttentionGradientViews{dq.view(), dk.view(), dv.view(), {}, {}}, options);
       },
       [&] {
-        std::vector<char> all = bytes_of(dq.view()), b = bytes_of(dk.view()),
-                          c = bytes_of(dv.view());
-        all.insert(all.end(), b.begin(), b.end());
-        all.insert(all.end(), c.begin(), c.end());
-        return all;
+        return bytes_of({dq.view(), dk.view(), dv.view()});
       },
       [&] {
         dq = filled(shape);
@@ -141,13 +139,10 @@ TEST(ResourceLimits, BackwardWorkspaceThatCannotBeAllocated) {
 
 // Everything a cache holds that a caller can see.
 std::vector<char> cache_state(const PagedKvCache& cache, const std::vector<int64_t>& ids) {
-  std::vector<char> all = bytes_of(cache.key_blocks()), v = bytes_of(cache.value_blocks());
-  all.insert(all.end(), v.begin(), v.end());
+  std::vector<char> all = bytes_of({cache.key_blocks(), cache.value_blocks()});
   if (cache.key_scales().data != nullptr) {  // quantized formats
-    for (const TensorView& s : {cache.key_scales(), cache.value_scales()}) {
-      const std::vector<char> b = bytes_of(s);
-      all.insert(all.end(), b.begin(), b.end());
-    }
+    const std::vector<char> scales = bytes_of({cache.key_scales(), cache.value_scales()});
+    all.insert(all.end(), scales.begin(), scales.end());
   }
   const auto append_number = [&](int64_t n) {
     const auto* p = reinterpret_cast<const char*>(&n);
@@ -194,9 +189,8 @@ void attend_under_allocation_failure(DType dtype, bool outputs_kept) {
       [&] {
         std::vector<char> all = cache_state(cache, ids);
         if (outputs_kept) {
-          const std::vector<char> o = bytes_of(out.view()), m = bytes_of(mass.view());
-          all.insert(all.end(), o.begin(), o.end());
-          all.insert(all.end(), m.begin(), m.end());
+          const std::vector<char> outputs = bytes_of({out.view(), mass.view()});
+          all.insert(all.end(), outputs.begin(), outputs.end());
         }
         return all;
       },
