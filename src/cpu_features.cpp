@@ -83,8 +83,10 @@ const PrecisionSupport& cpu_precision_support() {
   return support;
 }
 
-const char* why_no_bf16_products() {
-  if (!cpu_precision_support().avx512_bf16) return "this CPU has no AVX512_BF16";
+namespace {
+
+// Why the dispatched SIMD target cannot run AVX-512 products: "" when it can.
+const char* why_no_avx512_target() {
 #if defined(__x86_64__) || defined(__i386__)
   constexpr int64_t kAvx512 = HWY_AVX3 | HWY_AVX3_DL;
   if ((dispatch_targets() & kAvx512 & HWY_TARGETS) == 0) {
@@ -95,6 +97,24 @@ const char* why_no_bf16_products() {
   return "not an x86 CPU";
 #endif
 }
+
+}  // namespace
+
+const char* why_no_bf16_products() {
+  if (!cpu_precision_support().avx512_bf16) return "this CPU has no AVX512_BF16";
+  return why_no_avx512_target();
+}
+
+const char* why_no_f16_products() {
+  if (!cpu_precision_support().avx512_fp16) return "this CPU has no AVX512_FP16";
+#if !defined(__x86_64__)
+  return "float16 products are built for x86-64 only";
+#else
+  return why_no_avx512_target();
+#endif
+}
+
+bool native_f16_products() { return why_no_f16_products()[0] == '\0'; }
 
 bool exact_f16_widening() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -17,6 +17,12 @@ bool native_bf16_products();
 // AVX-512", or "" when they can.
 const char* why_no_bf16_products();
 
+// float16 products (vfmadd231ph, isa/avx512_fp16-inl.h) can run now: the CPU has
+// AVX512_FP16 with its register state enabled and attend's SIMD target is an AVX-512 one.
+bool native_f16_products();
+// Why not: "this CPU has no AVX512_FP16", the SIMD cap, or "" when they can.
+const char* why_no_f16_products();
+
 // The bfloat16 products run on AMX tiles (isa/amx_bf16.hpp) now: native_bf16_products() (the
 // softmax and the packing between the products are AVX-512 code), the CPU has AMX-TILE and
 // AMX-BF16 with their register state in XCR0, Linux granted this process the tile data

@@ -119,10 +119,11 @@ std::string bf16_compute_path() {
 }
 
 std::string fp16_compute_path() {
-  if (!detail::cpu_precision_support().avx512_fp16) {
-    return "float32 products (this CPU has no AVX512_FP16)";
+  if (detail::native_f16_products()) {
+    return "float32 products; float16 products (AVX512_FP16, attention's forward query tiles) "
+           "with ComputePrecision::kFloat16";
   }
-  return "float32 products (float16 products on AVX512_FP16 are not implemented yet)";
+  return std::string("float32 products (") + detail::why_no_f16_products() + ")";
 }
 
 int default_num_threads() { return std::max(1, omp_get_max_threads()); }

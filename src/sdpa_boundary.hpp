@@ -60,14 +60,19 @@ struct KernelInputs {
 };
 // The precision policy: whether inputs of `input_dtype` computed at `compute`
 // (AttentionOptions::compute) take bfloat16 products: kBFloat16 always, kAuto for bfloat16
-// inputs where the CPU has them (cpu_features.hpp). attend::Error for kBFloat16 without them
-// and for kFloat16 (not implemented), naming why. Used by make_params and by the layers that
-// choose their projections' operands (multihead, spatial).
+// inputs where the CPU has them (cpu_features.hpp). attend::Error for kBFloat16 or kFloat16
+// without their instructions, naming why. Used by make_params and by the layers that choose
+// their projections' operands (multihead, spatial).
 bool wants_bf16_products(DType input_dtype, ComputePrecision compute);
+// Whether `compute` asks for float16 products (kFloat16 only: never chosen by kAuto, since
+// they accumulate in float16 for a while: kernels/isa/avx512_fp16-inl.h); attend::Error where
+// the CPU (or the SIMD cap) has no AVX512_FP16.
+bool wants_f16_products(ComputePrecision compute);
 
 // SdpaParams with sizes, inputs, mask, bias and options filled (outputs null); the inputs in
-// the precision of the products (AttentionOptions::compute): float32, or bfloat16 for the
-// forward's query tiles (never `for_backward`). attend::Error for a precision the CPU lacks.
+// the precision of the products (AttentionOptions::compute): float32, or bfloat16 or float16
+// for the forward's query tiles (never `for_backward`; float16 only where its chains stay
+// finite, else float32 products on the float16 operands). attend::Error for a precision the CPU lacks.
 SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,
                        const Problem& problem, const AttentionOptions& options,
                        KernelInputs& storage, bool for_backward = false);

@@ -55,7 +55,11 @@ struct SdpaParams {
   const uint16_t* query_half = nullptr;
   const uint16_t* key_half = nullptr;
   const uint16_t* value_half = nullptr;
-  bool bf16_products() const { return query_half != nullptr; }
+  //  - float16 products (ComputePrecision::kFloat16, AVX512_FP16; kernels/isa/avx512_fp16-inl.h):
+  //    the same three, all float16 (half_dtype kFloat16), in the same pair layout.
+  bool half_products() const { return query_half != nullptr; }
+  bool bf16_products() const { return half_products() && half_dtype == DType::kBFloat16; }
+  bool f16_products() const { return half_products() && half_dtype == DType::kFloat16; }
   // bfloat16 products on AMX tiles (kernels/isa/amx_bf16.hpp) rather than AVX512_BF16:
   // chosen with them where amx_bf16_products() (cpu_features.hpp) allows.
   bool amx_tiles = false;

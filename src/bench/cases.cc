@@ -13,6 +13,7 @@
 #include "attend/plan.hpp"
 #include "attend/sdpa_backward.hpp"
 #include "attend/spatial.hpp"
+#include "cpu_features.hpp"
 
 namespace attend::bench {
 
@@ -288,6 +289,14 @@ const std::vector<BenchCase>& bench_cases() {
        .target = {TargetKind::kMinSpeedup, 1.7},
        .summary = "s4 in float16",
        .baseline = "s4"},
+      // s4-fp16 with float16 products (ComputePrecision::kFloat16, issue 26): kAuto keeps
+      // float32 products for float16 inputs, since float16 products accumulate in float16.
+      {.name = "s4-fp16-native",
+       .shape = {1, 16, 2048, 2048, 128, false, false, {}, DType::kFloat16, 0,
+                 ComputePrecision::kFloat16},
+       .target = {TargetKind::kMinSpeedup, 1.7},
+       .summary = "s4-fp16 with float16 products (AVX512_FP16)",
+       .baseline = "s4"},
       {.name = "unet-fp16",
        .shape = {1, 4, 4096, 4096, 32, false, false, {}, DType::kFloat16},
        .target = {TargetKind::kMinSpeedup, 1.5},
@@ -513,6 +522,9 @@ namespace {
 void set_rules(const AttentionShape& s, RuleInputs& r) {
   AttentionOptions& o = r.options;
   o.causal = s.causal;
+  o.compute = s.compute == ComputePrecision::kFloat16 && !detail::native_f16_products()
+                  ? ComputePrecision::kAuto
+                  : s.compute;
   const std::vector<int64_t> starts = document_starts(s.key_len, s.rules.documents);
   if (s.rules.as_mask) {
     // (Lq, Lk): what visible_range lets through, broadcast over batch and heads.

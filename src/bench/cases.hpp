@@ -42,6 +42,8 @@ struct AttentionShape {
   DType dtype = DType::kFloat32;
   // Grouped-query attention: K and V of this many heads (dividing heads) when > 0.
   int64_t kv_heads = 0;
+  // AttentionOptions::compute; kFloat16 where the CPU has float16 products, else kAuto.
+  ComputePrecision compute = ComputePrecision::kAuto;
   bool has_rules() const;
 
   // attend::attention_flops(batch·heads, Lq, Lk, E, E, causal): the shared formula; with

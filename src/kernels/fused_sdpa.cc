@@ -55,6 +55,8 @@
 #include "kernels/isa/avx512_bf16-inl.h"
 // bfloat16 products on AMX tiles: the same interface;
 #include "kernels/isa/amx_bf16-inl.h"
+// float16 products (AVX512_FP16): the same interface;
+#include "kernels/isa/avx512_fp16-inl.h"
 // the query-tile kernel;
 #include "kernels/query_tiles-inl.h"
 // the row-group kernel;
@@ -129,6 +131,13 @@ void RunTilesOfHeight(const SdpaParams& p) {
 }
 
 void FusedSdpaTiles(const SdpaParams& p) {
+  if (p.f16_products()) {
+#if ATTEND_AVX512_FP16
+    return RunTilesOfHeight<Avx512Fp16>(p);
+#else
+    HWY_ABORT("float16 products on a target without AVX512_FP16");
+#endif
+  }
   if (p.bf16_products()) {
 #if ATTEND_AMX_BF16
     if (p.amx_tiles) return RunTilesOfHeight<AmxBf16>(p);
@@ -171,7 +180,7 @@ HWY_EXPORT(FusedLanes);
 HWY_EXPORT(PlanFused);
 
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
-  if (params.bf16_products()) return "bfloat16 products run in query tiles";
+  if (params.half_products()) return "bfloat16 and float16 products run in query tiles";
   // K and V only the row groups read (a block table, a format the tiles do not widen): any Lq.
   if (params.block_table != nullptr || (params.stored_kv() && !params.half_kv())) return nullptr;
   if (RunsInRowGroups(params.query_len, ATTEND_DISPATCH(FusedLanes)())) return nullptr;

@@ -71,7 +71,9 @@ std::string chosen_kernel(const SdpaParams& params, Backend backend) {
   std::string name = c.name;
   if (c.backend == Backend::kFused) {
     const FusedPlan plan = fused_sdpa_plan(params, c.run == fused_sdpa_rows);
-    if (params.bf16_products()) {
+    if (params.f16_products()) {
+      name += " (float16 products)";
+    } else if (params.bf16_products()) {
       name += params.amx_tiles ? " (bfloat16 products, AMX tiles)" : " (bfloat16 products)";
     } else if (params.stored_kv()) {
       name += std::string(" (") + dtype_name(params.kv_format) + " K/V)";

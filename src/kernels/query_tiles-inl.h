@@ -70,7 +70,7 @@ struct Bf16Operands {
   const uint32_t* value = nullptr;  // packed V of the span: pair row (j − begin) / 2
 
   bool Allocate(const SdpaParams& p, int64_t tq, int64_t key_tile) {
-    if (!p.bf16_products()) return true;
+    if (!p.half_products()) return true;
     query_pairs = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(PairsOf(p.head_dim) * tq));
     prob_pairs = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(PairsOf(key_tile) * tq));
     packed_words = PackedWords(p, p.key_len);
@@ -173,7 +173,7 @@ struct Workspace {
     }
 #endif
     operands_ok = bf16.Allocate(p, tq, kKeyTile);
-    if (p.half_kv() && !p.bf16_products()) {  // see PackedOperands
+    if (p.half_kv() && !p.half_products()) {  // see PackedOperands
       packed.buffer = hwy::AllocateAligned<float>(
           static_cast<size_t>(std::max<int64_t>(p.key_len * (p.head_dim + p.value_dim), 1)));
       operands_ok = operands_ok && packed.buffer;

@@ -63,6 +63,77 @@ struct PairsC {
   float scale = 1.0f;
 };
 
+// The register blocking of a products struct's Product, shared by the AVX-512 ones: vectors
+// in blocks of Isa::kMaxVectors then one narrower block; for each, rows in blocks of
+// Isa::kBlockRows<VECS>, of Isa::kTailRows, then the rest, each one call of
+// Isa::Block<ROWS, VECS, TRANSPOSED>(pairs, A rows, A stride, B, B row, C, C row, start,
+// column scale, scale). The blocking never changes the sequence of operations on a C
+// element, only which elements one call holds.
+template <class Isa>
+struct RegisterBlocks {
+  static void Product(int64_t rows, int64_t vectors, int64_t pairs, PairsA a, PairsB b, PairsC c) {
+    if (a.col == 1) return Columns<false>(rows, vectors, pairs, a, b, c);
+    HWY_DASSERT(a.row == 1);
+    Columns<true>(rows, vectors, pairs, a, b, c);
+  }
+
+ private:
+  template <bool TRANSPOSED>
+  static void Columns(int64_t rows, int64_t vectors, int64_t pairs, PairsA a, PairsB b, PairsC c) {
+    constexpr int kMaxVectors = Isa::kMaxVectors;
+    int64_t v = 0;
+    for (; v + kMaxVectors <= vectors; v += kMaxVectors) {
+      Rows<kMaxVectors, TRANSPOSED>(rows, pairs, a, b, c, v);
+    }
+    switch (vectors - v) {
+      case 3:
+        return Rows<3, TRANSPOSED>(rows, pairs, a, b, c, v);
+      case 2:
+        return Rows<2, TRANSPOSED>(rows, pairs, a, b, c, v);
+      case 1:
+        return Rows<1, TRANSPOSED>(rows, pairs, a, b, c, v);
+      default:
+        return;
+    }
+  }
+
+  // Vectors [v, v + VECS) of all rows.
+  template <int VECS, bool TRANSPOSED>
+  static void Rows(int64_t rows, int64_t pairs, PairsA a, PairsB b, PairsC c, int64_t v) {
+    const auto block = [&](auto rows_tag, int64_t m) {
+      constexpr int kRows = decltype(rows_tag)::value;
+      const uint32_t* a_rows = a.data + m * (TRANSPOSED ? 1 : a.row);
+      const float* scale_columns = c.column_scale ? c.column_scale + v * 16 : nullptr;
+      Isa::template Block<kRows, VECS, TRANSPOSED>(
+          pairs, a_rows, TRANSPOSED ? a.col : a.row, b.data + v * 16, b.row,
+          c.data + m * c.row + v * 16, c.row, c.start, scale_columns, c.scale);
+    };
+    constexpr int kFull = Isa::template kBlockRows<VECS>;
+    constexpr int kTail = Isa::kTailRows;
+    int64_t m = 0;
+    for (; m + kFull <= rows; m += kFull) block(Rows_<kFull>{}, m);
+    for (; m + kTail <= rows; m += kTail) block(Rows_<kTail>{}, m);
+    switch (rows - m) {
+      case 5:
+        return block(Rows_<5>{}, m);
+      case 4:
+        return block(Rows_<4>{}, m);
+      case 3:
+        return block(Rows_<3>{}, m);
+      case 2:
+        return block(Rows_<2>{}, m);
+      case 1:
+        return block(Rows_<1>{}, m);
+      default:
+        return;
+    }
+  }
+  template <int N>
+  struct Rows_ {
+    static constexpr int value = N;
+  };
+};
+
 #if ATTEND_AVX512_BF16
 #define ATTEND_AVX512_BF16_FN __attribute__((noinline, target("avx512bf16")))
 
@@ -106,65 +177,8 @@ struct Avx512Bf16 {
 
   // C = start + A·B over rows × vectors·16 (see PairsA, PairsB, PairsC), `pairs` deep.
   static void Product(int64_t rows, int64_t vectors, int64_t pairs, PairsA a, PairsB b, PairsC c) {
-    if (a.col == 1) return Columns<false>(rows, vectors, pairs, a, b, c);
-    HWY_DASSERT(a.row == 1);
-    Columns<true>(rows, vectors, pairs, a, b, c);
+    RegisterBlocks<Avx512Bf16>::Product(rows, vectors, pairs, a, b, c);
   }
-
- private:
-  // Vectors in blocks of kMaxVectors, then one narrower block.
-  template <bool TRANSPOSED>
-  static void Columns(int64_t rows, int64_t vectors, int64_t pairs, PairsA a, PairsB b, PairsC c) {
-    int64_t v = 0;
-    for (; v + kMaxVectors <= vectors; v += kMaxVectors) {
-      Rows<kMaxVectors, TRANSPOSED>(rows, pairs, a, b, c, v);
-    }
-    switch (vectors - v) {
-      case 3:
-        return Rows<3, TRANSPOSED>(rows, pairs, a, b, c, v);
-      case 2:
-        return Rows<2, TRANSPOSED>(rows, pairs, a, b, c, v);
-      case 1:
-        return Rows<1, TRANSPOSED>(rows, pairs, a, b, c, v);
-      default:
-        return;
-    }
-  }
-
-  // Vectors [v, v + VECS) of all rows: blocks of kBlockRows, of kTailRows, then the rest.
-  template <int VECS, bool TRANSPOSED>
-  static void Rows(int64_t rows, int64_t pairs, PairsA a, PairsB b, PairsC c, int64_t v) {
-    const auto block = [&](auto rows_tag, int64_t m) {
-      constexpr int kRows = decltype(rows_tag)::value;
-      const uint32_t* a_rows = a.data + m * (TRANSPOSED ? 1 : a.row);
-      const float* scale_columns = c.column_scale ? c.column_scale + v * 16 : nullptr;
-      Block<kRows, VECS, TRANSPOSED>(pairs, a_rows, TRANSPOSED ? a.col : a.row, b.data + v * 16,
-                                     b.row, c.data + m * c.row + v * 16, c.row, c.start,
-                                     scale_columns, c.scale);
-    };
-    constexpr int kFull = kBlockRows<VECS>;
-    int64_t m = 0;
-    for (; m + kFull <= rows; m += kFull) block(Rows_<kFull>{}, m);
-    for (; m + kTailRows <= rows; m += kTailRows) block(Rows_<kTailRows>{}, m);
-    switch (rows - m) {
-      case 5:
-        return block(Rows_<5>{}, m);
-      case 4:
-        return block(Rows_<4>{}, m);
-      case 3:
-        return block(Rows_<3>{}, m);
-      case 2:
-        return block(Rows_<2>{}, m);
-      case 1:
-        return block(Rows_<1>{}, m);
-      default:
-        return;
-    }
-  }
-  template <int N>
-  struct Rows_ {
-    static constexpr int value = N;
-  };
 
   // One register block: ROWS rows × VECS vectors of C. A(m, k) = a[m·a_stride + k], or
   // a[k·a_stride + m] when TRANSPOSED.
