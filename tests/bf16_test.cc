@@ -28,6 +28,7 @@
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "cpu_features.hpp"
+#include "reduced_precision_support.hpp"
 #include "sdpa_cases.hpp"
 #include "test_support.hpp"
 
@@ -36,63 +37,11 @@ namespace {
 
 constexpr double kBf16HalfUlp = 1.0 / 512.0;  // 2^-9: bfloat16's unit roundoff
 
-double round_bf16(double x) {
-  Tensor in(DType::kFloat32, {1}), out(DType::kBFloat16, {1}), back(DType::kFloat32, {1});
-  in.data_as<float>()[0] = static_cast<float>(x);
-  convert(in.view(), out.view());
-  convert(out.view(), back.view());
-  return back.data_as<float>()[0];
-}
+double round_bf16(double x) { return round_to(x, DType::kBFloat16); }
 
-Tensor bf16_copy(const TensorView& view) {
-  Tensor t(DType::kBFloat16, view.shape);
-  convert(view, t.view());
-  return t;
-}
+Tensor bf16_copy(const TensorView& view) { return copy_as(view, DType::kBFloat16); }
 
-struct Result {
-  std::vector<double> output, weights;
-  std::string kernel;
-};
-
-Result run(const TensorView& q, const TensorView& k, const TensorView& v,
-           AttentionOptions options) {
-  Result r;
-  r.kernel = attention_kernel(q, k, v, options);
-  const AttentionResult result = scaled_dot_product_attention(q, k, v, options);
-  r.output = values_of(result.output.view());
-  if (options.need_weights) r.weights = values_of(result.weights.view());
-  return r;
-}
-
-double max_error(const std::vector<double>& got, const std::vector<double>& exact) {
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(exact[i]) && std::isnan(got[i])) continue;
-    const double e = std::abs(got[i] - exact[i]);
-    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
-  }
-  return worst;
-}
-
-double max_abs(const TensorView& view) {
-  double m = 0;
-  for (double x : values_of(view)) {
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  }
-  return m;
-}
-
-// Runs `call`, which must throw attend::Error with `fragment` in its message.
-template <class Call>
-void expect_error(const Call& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "no attend::Error (expected one naming \"" << fragment << "\")";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-  }
-}
+double max_abs(const TensorView& view) { return test::max_abs(values_of(view)); }
 
 bool bf16_available() { return bf16_compute_path().rfind("bfloat16", 0) == 0; }
 

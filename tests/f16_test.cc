@@ -25,6 +25,7 @@
 #include "cpu_features.hpp"
 #include "error_model.hpp"
 #include "kernels/isa/f16_chains.hpp"
+#include "reduced_precision_support.hpp"
 #include "sdpa_cases.hpp"
 #include "test_support.hpp"
 
@@ -33,61 +34,7 @@ namespace {
 
 constexpr const char* kPathName = "(float16 products)";
 
-Tensor copy_as(const TensorView& view, DType dtype) {
-  Tensor t(dtype, view.shape);
-  convert(view, t.view());
-  return t;
-}
-
-double round_f16(double x) {
-  Tensor in(DType::kFloat32, {1});
-  in.data_as<float>()[0] = static_cast<float>(x);
-  const Tensor half = copy_as(in.view(), DType::kFloat16);
-  return values_of(half.view())[0];
-}
-
-double max_error(const std::vector<double>& got, const std::vector<double>& exact) {
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(exact[i]) && std::isnan(got[i])) continue;
-    const double e = std::abs(got[i] - exact[i]);
-    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
-  }
-  return worst;
-}
-
-double max_abs(const std::vector<double>& values) {
-  double m = 0;
-  for (double x : values) {
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  }
-  return m;
-}
-
-template <class Call>
-void expect_error(const Call& call, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "no attend::Error (expected one naming \"" << fragment << "\")";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-  }
-}
-
-struct Result {
-  std::vector<double> output, weights;
-  std::string kernel;
-};
-
-Result run(const TensorView& q, const TensorView& k, const TensorView& v,
-        const AttentionOptions& options) {
-  Result r;
-  r.kernel = attention_kernel(q, k, v, options);
-  const AttentionResult result = scaled_dot_product_attention(q, k, v, options);
-  r.output = values_of(result.output.view());
-  if (options.need_weights) r.weights = values_of(result.weights.view());
-  return r;
-}
+double round_f16(double x) { return round_to(x, DType::kFloat16); }
 
 // The allowed error of `fused` against `exact` (see the file comment) for problem `problem`
 // with its float16-rounded listing `naive`; the share of it used, over the output and weights.
@@ -147,8 +94,9 @@ TEST_F(F16Products, EveryCaseOfTheGridWithinTheErrorModel) {
   EXPECT_GT(native, cases / 2);
 }
 
-// Inputs whose Q·Kᵀ chains are exact in float16 (multiples of 1/4 in [-1, 1], at most 64
-// products of 1/16 steps per chain: every partial sum representable), so the scores carry
+// Inputs whose Q·Kᵀ chains are exact in float16 (multiples of 1/4 in [-1, 1]: products in
+// steps of 1/16, at most 2·kF16ChainPairs = 128 of them per chain, so every partial sum is a
+// multiple of 1/16 below 128 in magnitude, which float16 holds exactly), so the scores carry
 // no error and the allowed error is the weights' rounding and P·V's chains only: a score
 // scale or a packing off by anything shows (scale 1 spreads the scores over ±16).
 struct ExactShape {

@@ -134,17 +134,21 @@ struct RegisterBlocks {
   };
 };
 
-#if ATTEND_AVX512_BF16
-#define ATTEND_AVX512_BF16_FN __attribute__((noinline, target("avx512bf16")))
-
-struct Avx512Bf16 {
-  // Register blocks: up to 24 accumulators of the 32 registers, ROWS rows of broadcast A ×
-  // VECS vectors of B (6 × 4, 8 × 3, 12 × 2; 8 × 1, as many as FMA latency × ports: more
-  // would need a load per product); remainders in blocks of kTailRows, then one narrower.
+// The register blocks of the AVX-512 products structs (RegisterBlocks): up to 24
+// accumulators of the 32 registers, ROWS rows of broadcast A × VECS vectors of B (6 × 4,
+// 8 × 3, 12 × 2; 8 × 1, as many as FMA latency × ports: more would need a load per product);
+// remainders in blocks of kTailRows, then one narrower.
+struct Avx512Blocking {
   static constexpr int kMaxVectors = 4;
   static constexpr int kTailRows = 6;
   template <int VECS>
   static constexpr int kBlockRows = VECS == 1 ? 8 : 24 / VECS;
+};
+
+#if ATTEND_AVX512_BF16
+#define ATTEND_AVX512_BF16_FN __attribute__((noinline, target("avx512bf16")))
+
+struct Avx512Bf16 : Avx512Blocking {
 
   // dst[i] = (src[2i], src[2i + 1]) rounded to bfloat16 (nearest even) for i < ⌈n/2⌉ (an
   // odd n's last pair (src[n − 1], 0)).

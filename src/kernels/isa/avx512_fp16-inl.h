@@ -57,13 +57,9 @@ namespace HWY_NAMESPACE {
 #if ATTEND_AVX512_FP16
 #define ATTEND_AVX512_FP16_FN __attribute__((noinline, target("avx512fp16")))
 
-struct Avx512Fp16 {
-  // Register blocks as Avx512Bf16's (RegisterBlocks): 24 float16 accumulators, C's float32
-  // sums in memory (L1) between chains.
-  static constexpr int kMaxVectors = 4;
-  static constexpr int kTailRows = 6;
-  template <int VECS>
-  static constexpr int kBlockRows = VECS == 1 ? 8 : 24 / VECS;
+// Register blocks as Avx512Bf16's: 24 float16 accumulators, C's float32 sums in memory (L1)
+// between chains.
+struct Avx512Fp16 : Avx512Blocking {
   static constexpr int64_t kChainPairs = kF16ChainPairs;
 
   // dst[i] = (src[2i], src[2i + 1]) rounded to float16 (nearest even) for i < ⌈n/2⌉ (an odd

@@ -1,0 +1,79 @@
+// reduced_precision_support.hpp: what the tests of the reduced-precision products
+// (bf16_test.cc, f16_test.cc) share: rounding to a half precision, error measures, one call's
+// results with the kernel that ran it, and the check of a refusal's message.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "attend/error.hpp"
+#include "attend/sdpa.hpp"
+#include "sdpa_cases.hpp"
+
+namespace attend::test {
+
+// A contiguous copy of `view` in `dtype` (rounded to nearest even).
+inline Tensor copy_as(const TensorView& view, DType dtype) {
+  Tensor t(dtype, view.shape);
+  convert(view, t.view());
+  return t;
+}
+
+// x rounded to `dtype` (bfloat16 or float16) and back.
+inline double round_to(double x, DType dtype) {
+  Tensor in(DType::kFloat32, {1});
+  in.data_as<float>()[0] = static_cast<float>(x);
+  return values_of(copy_as(in.view(), dtype).view())[0];
+}
+
+// The largest |got − exact| (NaN where both are NaN counts as equal; a lone NaN as infinite).
+inline double max_error(const std::vector<double>& got, const std::vector<double>& exact) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(exact[i]) && std::isnan(got[i])) continue;
+    const double e = std::abs(got[i] - exact[i]);
+    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+  }
+  return worst;
+}
+
+// The largest finite magnitude.
+inline double max_abs(const std::vector<double>& values) {
+  double m = 0;
+  for (double x : values) {
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  }
+  return m;
+}
+
+// Runs `call`, which must throw attend::Error with `fragment` in its message.
+template <class Call>
+void expect_error(const Call& call, const std::string& fragment) {
+  try {
+    call();
+    ADD_FAILURE() << "no attend::Error (expected one naming \"" << fragment << "\")";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+  }
+}
+
+// One call's output (and weights when asked), as doubles, and the kernel that ran it.
+struct Result {
+  std::vector<double> output, weights;
+  std::string kernel;
+};
+inline Result run(const TensorView& q, const TensorView& k, const TensorView& v,
+                  const AttentionOptions& options) {
+  Result r;
+  r.kernel = attention_kernel(q, k, v, options);
+  const AttentionResult result = scaled_dot_product_attention(q, k, v, options);
+  r.output = values_of(result.output.view());
+  if (options.need_weights) r.weights = values_of(result.weights.view());
+  return r;
+}
+
+}  // namespace attend::test
