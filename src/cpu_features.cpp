@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/isa/f16_build.hpp"
 #include "simd_dispatch.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -107,8 +108,9 @@ const char* why_no_bf16_products() {
 
 const char* why_no_f16_products() {
   if (!cpu_precision_support().avx512_fp16) return "this CPU has no AVX512_FP16";
-#if !defined(__x86_64__)
-  return "float16 products are built for x86-64 only";
+#if !ATTEND_F16_PRODUCTS_BUILT
+  return "float16 products are not built by this compiler (x86-64 with GCC 12 or clang 16 and "
+         "later)";
 #else
   return why_no_avx512_target();
 #endif

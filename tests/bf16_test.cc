@@ -78,18 +78,9 @@ TEST_P(Bf16Path, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
     if (spec.ill_conditioned) continue;
     SCOPED_TRACE("case " + spec.name + " (sdpa_cases.txt:" + std::to_string(spec.line) + ")");
     const CaseInputs in = make_case_inputs(spec);
-    AttentionOptions exact_options = in.options;
-    exact_options.backend = Backend::kReference;
-    const Result exact = run(in.query, in.key, in.value, exact_options);
-
+    const GridRuns runs = run_grid_case(in, DType::kBFloat16, ComputePrecision::kBFloat16);
+    const Result &exact = runs.exact, &naive = runs.naive, &fused = runs.fused;
     const Tensor qb = bf16_copy(in.query), kb = bf16_copy(in.key), vb = bf16_copy(in.value);
-    Result naive = run(qb.view(), kb.view(), vb.view(), exact_options);
-    for (double& x : naive.output) x = round_bf16(x);
-
-    AttentionOptions options = in.options;
-    options.backend = Backend::kFused;
-    options.compute = ComputePrecision::kBFloat16;
-    const Result fused = run(in.query, in.key, in.value, options);
     ++cases;
     if (fused.kernel.find(path_name()) != std::string::npos) ++native;
 

@@ -6,7 +6,7 @@
 // on the case's own inputs) must be at most
 //   2 · naive + 2 · F · max|v| · keep,
 // naive = f16(reference(f16(Q), f16(K), f16(V))): input and output rounding only;
-// F = f16_product_terms (error_model.hpp): the weights rounded to float16 before P·V, and
+// F = f16_product_terms (f16_error_model.hpp): the weights rounded to float16 before P·V, and
 //     the float16 chains of Q·Kᵀ and of P·V (kF16ChainPairs products per lane, then float32),
 //     bounded from the chains' length and the operands' norms.
 // Weights: 2 · naive + 2 · (relative score term).
@@ -23,7 +23,7 @@
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "cpu_features.hpp"
-#include "error_model.hpp"
+#include "f16_error_model.hpp"
 #include "kernels/isa/f16_chains.hpp"
 #include "reduced_precision_support.hpp"
 #include "sdpa_cases.hpp"
@@ -33,8 +33,6 @@ namespace attend::test {
 namespace {
 
 constexpr const char* kPathName = "(float16 products)";
-
-double round_f16(double x) { return round_to(x, DType::kFloat16); }
 
 // The allowed error of `fused` against `exact` (see the file comment) for problem `problem`
 // with its float16-rounded listing `naive`; the share of it used, over the output and weights.
@@ -67,24 +65,13 @@ TEST_F(F16Products, EveryCaseOfTheGridWithinTheErrorModel) {
     if (spec.ill_conditioned) continue;
     SCOPED_TRACE("case " + spec.name + " (sdpa_cases.txt:" + std::to_string(spec.line) + ")");
     const CaseInputs in = make_case_inputs(spec);
-    AttentionOptions exact_options = in.options;
-    exact_options.backend = Backend::kReference;
-    const Result exact = run(in.query, in.key, in.value, exact_options);
-
-    const Tensor qh = copy_as(in.query, DType::kFloat16), kh = copy_as(in.key, DType::kFloat16),
-                 vh = copy_as(in.value, DType::kFloat16);
-    Result naive = run(qh.view(), kh.view(), vh.view(), exact_options);
-    for (double& x : naive.output) x = round_f16(x);
-
-    AttentionOptions options = in.options;
-    options.backend = Backend::kFused;
-    options.compute = ComputePrecision::kFloat16;
-    const Result fused = run(in.query, in.key, in.value, options);
+    const GridRuns runs = run_grid_case(in, DType::kFloat16, ComputePrecision::kFloat16);
+    const Result& fused = runs.fused;
     ++cases;
     native += fused.kernel.find(kPathName) != std::string::npos;
 
     const double share =
-        share_of_allowed(fused, exact, naive, in.problem, 1.0 / (1.0 - spec.dropout));
+        share_of_allowed(fused, runs.exact, runs.naive, in.problem, 1.0 / (1.0 - spec.dropout));
     worst_share = std::max(worst_share, share);
     EXPECT_LE(share, 1.0) << fused.kernel;
   }

@@ -76,4 +76,25 @@ inline Result run(const TensorView& q, const TensorView& k, const TensorView& v,
   return r;
 }
 
+// One case of the grid three ways: `exact`, the reference on the case's inputs; `naive`, the
+// reference on the inputs rounded to `half`, its output rounded to `half` too (input and
+// output rounding only); `fused`, the fused backend computing at `compute`.
+struct GridRuns {
+  Result exact, naive, fused;
+};
+inline GridRuns run_grid_case(const CaseInputs& in, DType half, ComputePrecision compute) {
+  GridRuns runs;
+  AttentionOptions exact_options = in.options;
+  exact_options.backend = Backend::kReference;
+  runs.exact = run(in.query, in.key, in.value, exact_options);
+  const Tensor q = copy_as(in.query, half), k = copy_as(in.key, half), v = copy_as(in.value, half);
+  runs.naive = run(q.view(), k.view(), v.view(), exact_options);
+  for (double& x : runs.naive.output) x = round_to(x, half);
+  AttentionOptions options = in.options;
+  options.backend = Backend::kFused;
+  options.compute = compute;
+  runs.fused = run(in.query, in.key, in.value, options);
+  return runs;
+}
+
 }  // namespace attend::test

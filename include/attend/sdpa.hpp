@@ -66,14 +66,7 @@ enum class ComputePrecision : uint8_t {
   // AVX512_BF16; attend::Error on a CPU (or SIMD cap) without it. Decoding shapes (a few
   // queries per head, memory-bound) compute the rounded inputs' products in float32.
   kBFloat16,
-  // float16 products: inputs rounded to float16 (nearest even), the weights too before
-  // weights·V, the products accumulated in float16 over chains of 128 (64 per register lane
-  // plus one pairwise addition) and the chains in float32 (the error model:
-  // src/kernels/isa/avx512_fp16-inl.h). Natively on AVX512_FP16 in the forward's query
-  // tiles; attend::Error on a CPU (or SIMD cap) without it and with the reference backend.
-  // Inputs whose chains could overflow float16 (2·64·max|q|·max|k| or 2·64·max|v| above
-  // 65504), decoding shapes and the backward compute the rounded inputs in float32. Never
-  // chosen by kAuto.
+  // float16 products on AVX512_FP16 (float16 chains of 128, then float32: README "Precision").
   kFloat16,
 };
 

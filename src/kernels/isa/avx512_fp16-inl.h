@@ -3,8 +3,9 @@
 // PairsAlongRow, PairsAcrossRows and Product over the same operand layout, with float16 in
 // place of bfloat16 in each half of a pair (bf16_pairs.hpp's layout: low half the even
 // element). Compiled once per Highway target; only the AVX-512 targets of x86-64 define it
-// (ATTEND_AVX512_FP16), and the boundary chooses it only where native_f16_products()
-// (cpu_features.hpp) allows and the operands' range fits (Fp16ProductsFit below).
+// (ATTEND_AVX512_FP16, where the compiler builds it: f16_build.hpp), and the boundary
+// chooses it only where native_f16_products() (cpu_features.hpp) allows and the operands'
+// range fits (F16ChainsFit, f16_chains.hpp).
 //
 // Arithmetic. AVX512_FP16 has no float16 dot product into float32 (AMX-FP16 and AVX10.2's
 // vdpphps do; this struct is for the CPUs before them), so the products accumulate in
@@ -26,8 +27,8 @@
 //   |C − C_exact| <= γ16_{kChainPairs+1}·Σ_k |a_k·b_k| + ⌈D / (2·kChainPairs)⌉·(kChainPairs
 //                    + 1)·2^-25 + γ_{⌈D / (2·kChainPairs)⌉ + 1}·Σ_k |a_k·b_k|.
 // Range: a chain sum must stay finite in float16 (|x| <= 65504): 2·kChainPairs·max|a|·max|b|
-// below it (Fp16ProductsFit; the boundary checks Q, K and V, the probabilities are <= 1).
-// tests/f16_test.cc derives its tolerances from this (error_model.hpp's f16 chain terms).
+// below it (F16ChainsFit; the boundary checks Q, K and V, the probabilities are <= 1).
+// tests/f16_test.cc derives its tolerances from this (tests/f16_error_model.hpp).
 #if defined(ATTEND_KERNELS_ISA_AVX512_FP16_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTEND_KERNELS_ISA_AVX512_FP16_INL_H_
 #undef ATTEND_KERNELS_ISA_AVX512_FP16_INL_H_
@@ -41,6 +42,7 @@
 
 #include "half.hpp"
 #include "kernels/isa/bf16_pairs.hpp"
+#include "kernels/isa/f16_build.hpp"
 #include "kernels/isa/f16_chains.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -48,7 +50,7 @@ namespace attend::detail {
 namespace HWY_NAMESPACE {
 
 #undef ATTEND_AVX512_FP16
-#if ATTEND_AVX512_BF16 && HWY_ARCH_X86_64
+#if ATTEND_AVX512_BF16 && HWY_ARCH_X86_64 && ATTEND_F16_PRODUCTS_BUILT
 #define ATTEND_AVX512_FP16 1
 #else
 #define ATTEND_AVX512_FP16 0
