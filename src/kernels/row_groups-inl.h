@@ -681,9 +681,10 @@ void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, 
     queries[r] = across ? 0 : q0 + r;
   }
   // Rows of different batch indices still share K and V when those are broadcast over the
-  // batch dimensions that differ (stride 0: multi-query attention).
+  // batch dimensions that differ (stride 0: multi-query attention); rows of one batch index
+  // share its tile.
   bool shared = true;
-  for (int r = 1; r < G; ++r) {
+  for (int r = 1; across && r < G; ++r) {
     shared = shared && tiles[r]->key == tiles[0]->key && tiles[r]->value == tiles[0]->value &&
              tiles[r]->key_stored == tiles[0]->key_stored &&
              tiles[r]->value_stored == tiles[0]->value_stored &&

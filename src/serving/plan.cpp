@@ -1,11 +1,13 @@
 // plan.cpp: prepared attention calls (attend/plan.hpp). The plan keeps the SdpaParams the
-// unprepared call would build and the kernel it would choose; run() checks the layouts,
-// swaps the data pointers in and runs that kernel.
+// unprepared call would build, the kernel it would choose and what its layouts fix (the bytes
+// each view spans, the options' tensors' ranges); run() checks the layouts, swaps the data
+// pointers in and runs that kernel.
 #include "attend/plan.hpp"
 
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "attend/error.hpp"
 #include "grouped_query.hpp"
@@ -24,6 +26,11 @@ struct AttentionPlan::State {
   detail::KernelInputs inputs;  // converted copies of the options' tensors
   detail::SdpaParams params;    // planned (split per call for grouped-query attention)
   detail::KernelRun kernel = nullptr;
+  // Bytes each planned view spans (detail::byte_extent; key and value: with a fixed Lk only),
+  // and the byte ranges of the options' tensors: the overlap checks of run() without
+  // walking shapes.
+  int64_t query_bytes = 0, key_bytes = 0, value_bytes = 0, output_bytes = 0;
+  std::vector<detail::ByteRange> option_ranges;
 };
 
 namespace {
@@ -39,11 +46,13 @@ bool plain_float(const TensorView& t) {
               " with strides " + planned.strides.str());
 }
 
-void check_planned(const char* name, const TensorView& got, const TensorView& planned) {
+// `got` has the planned layout (whose views span planned_bytes, nonzero unless empty).
+void check_planned(const char* name, const TensorView& got, const TensorView& planned,
+                   int64_t planned_bytes) {
   if (got.dtype != planned.dtype || got.shape != planned.shape || got.strides != planned.strides) {
     layout_error(name, got, planned);
   }
-  if (got.data == nullptr && got.numel() > 0) {
+  if (got.data == nullptr && planned_bytes > 0) {
     throw Error(std::string("AttentionPlan::run: ") + name + ": data pointer is null");
   }
 }
@@ -60,6 +69,12 @@ void check_key_like(const char* name, const TensorView& got, const TensorView& p
     throw Error(std::string("AttentionPlan::run: ") + name +
                 ": the last dimension must be contiguous, as planned");
   }
+}
+
+// The bytes [data, data + bytes) of a view of the planned layout (empty: none).
+detail::ByteRange planned_range(const TensorView& t, int64_t bytes) {
+  const auto* first = static_cast<const char*>(t.data);
+  return bytes > 0 ? detail::ByteRange{first, first + bytes} : detail::ByteRange{};
 }
 
 }  // namespace
@@ -85,6 +100,14 @@ AttentionPlan::AttentionPlan(const TensorView& query, const TensorView& key,
         "(mask, bias and segment ids have one)");
   }
   s.query = query, s.key = key, s.value = value, s.output = output;
+  s.query_bytes = detail::byte_extent(query);
+  s.key_bytes = detail::byte_extent(key);
+  s.value_bytes = detail::byte_extent(value);
+  s.output_bytes = detail::byte_extent(output);
+  for (const auto* t : {&s.options.mask, &s.options.bias, &s.options.alibi_slopes, &s.options.sinks,
+                        &s.options.segment_ids_query, &s.options.segment_ids_key}) {
+    if (t->has_value()) s.option_ranges.push_back(detail::byte_range(**t));
+  }
   s.fast = plain_float(query) && plain_float(key) && plain_float(value) && plain_float(output);
   if (!s.fast) return;
   s.params = detail::make_params(query, key, value, s.problem, s.options, s.inputs);
@@ -118,7 +141,7 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
                         const TensorView& output, const TensorView* logsumexp) const {
   if (!state_) throw Error("AttentionPlan::run: the plan was moved from");
   const State& s = *state_;
-  check_planned("query", query, s.query);
+  check_planned("query", query, s.query, s.query_bytes);
   if (s.variable_key_length) {
     check_key_like("key", key, s.key);
     check_key_like("value", value, s.value);
@@ -133,10 +156,10 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
                   " is beyond Lk = " + std::to_string(lk));
     }
   } else {
-    check_planned("key", key, s.key);
-    check_planned("value", value, s.value);
+    check_planned("key", key, s.key, s.key_bytes);
+    check_planned("value", value, s.value, s.value_bytes);
   }
-  check_planned("output", output, s.output);
+  check_planned("output", output, s.output, s.output_bytes);
   if (logsumexp) {
     if (!s.options.need_logsumexp) {
       throw Error(
@@ -145,18 +168,22 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
     }
     detail::check_logsumexp("logsumexp", *logsumexp, s.problem.scores_shape);
   }
-  for (const TensorView* input : {&query, &key, &value}) {
-    if (detail::overlaps(output, *input) || (logsumexp && detail::overlaps(*logsumexp, *input))) {
+  const detail::ByteRange out = planned_range(output, s.output_bytes);
+  const detail::ByteRange lse = logsumexp ? detail::byte_range(*logsumexp) : detail::ByteRange{};
+  const detail::ByteRange inputs[] = {
+      planned_range(query, s.query_bytes),
+      s.variable_key_length ? detail::byte_range(key) : planned_range(key, s.key_bytes),
+      s.variable_key_length ? detail::byte_range(value) : planned_range(value, s.value_bytes)};
+  for (const detail::ByteRange& input : inputs) {
+    if (detail::ranges_overlap(out, input) || detail::ranges_overlap(lse, input)) {
       throw Error("AttentionPlan::run: an output overlaps the memory of an input");
     }
   }
-  if (logsumexp && detail::overlaps(*logsumexp, output)) {
+  if (detail::ranges_overlap(lse, out)) {
     throw Error("AttentionPlan::run: logsumexp overlaps the memory of output");
   }
-  for (const auto* t : {&s.options.mask, &s.options.bias, &s.options.alibi_slopes, &s.options.sinks,
-                        &s.options.segment_ids_query, &s.options.segment_ids_key}) {
-    if (t->has_value() &&
-        (detail::overlaps(output, **t) || (logsumexp && detail::overlaps(*logsumexp, **t)))) {
+  for (const detail::ByteRange& t : s.option_ranges) {
+    if (detail::ranges_overlap(out, t) || detail::ranges_overlap(lse, t)) {
       throw Error("AttentionPlan::run: an output overlaps the memory of an option's tensor");
     }
   }
