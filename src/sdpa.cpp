@@ -80,11 +80,12 @@ int64_t byte_extent(const TensorView& t) {
   return last_offset * size + size;
 }
 
-ByteRange byte_range(const TensorView& t) {
-  const auto* first = static_cast<const char*>(t.data);
-  const int64_t extent = byte_extent(t);
+ByteRange byte_range(const void* data, int64_t extent) {
+  const auto* first = static_cast<const char*>(data);
   return extent > 0 ? ByteRange{first, first + extent} : ByteRange{};
 }
+
+ByteRange byte_range(const TensorView& t) { return byte_range(t.data, byte_extent(t)); }
 
 bool ranges_overlap(const ByteRange& a, const ByteRange& b) {
   return a.first && b.first && a.first < b.last && b.first < a.last;

@@ -34,6 +34,8 @@ struct ByteRange {
   const char* last = nullptr;
 };
 ByteRange byte_range(const TensorView& t);
+// [data, data + extent): a view's range from its byte_extent (a plan's, computed once).
+ByteRange byte_range(const void* data, int64_t extent);
 bool ranges_overlap(const ByteRange& a, const ByteRange& b);
 bool overlaps(const TensorView& a, const TensorView& b);
 // Strides (elements) of a view broadcast to (batch..., rows, columns) = `target`.

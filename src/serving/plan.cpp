@@ -71,12 +71,6 @@ void check_key_like(const char* name, const TensorView& got, const TensorView& p
   }
 }
 
-// The bytes [data, data + bytes) of a view of the planned layout (empty: none).
-detail::ByteRange planned_range(const TensorView& t, int64_t bytes) {
-  const auto* first = static_cast<const char*>(t.data);
-  return bytes > 0 ? detail::ByteRange{first, first + bytes} : detail::ByteRange{};
-}
-
 }  // namespace
 
 AttentionPlan::AttentionPlan(const TensorView& query, const TensorView& key,
@@ -168,12 +162,13 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
     }
     detail::check_logsumexp("logsumexp", *logsumexp, s.problem.scores_shape);
   }
-  const detail::ByteRange out = planned_range(output, s.output_bytes);
+  const detail::ByteRange out = detail::byte_range(output.data, s.output_bytes);
   const detail::ByteRange lse = logsumexp ? detail::byte_range(*logsumexp) : detail::ByteRange{};
   const detail::ByteRange inputs[] = {
-      planned_range(query, s.query_bytes),
-      s.variable_key_length ? detail::byte_range(key) : planned_range(key, s.key_bytes),
-      s.variable_key_length ? detail::byte_range(value) : planned_range(value, s.value_bytes)};
+      detail::byte_range(query.data, s.query_bytes),
+      s.variable_key_length ? detail::byte_range(key) : detail::byte_range(key.data, s.key_bytes),
+      s.variable_key_length ? detail::byte_range(value)
+                            : detail::byte_range(value.data, s.value_bytes)};
   for (const detail::ByteRange& input : inputs) {
     if (detail::ranges_overlap(out, input) || detail::ranges_overlap(lse, input)) {
       throw Error("AttentionPlan::run: an output overlaps the memory of an input");
