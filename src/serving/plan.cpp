@@ -24,7 +24,10 @@ struct AttentionPlan::State {
   TensorView query, key, value, output;  // planned layouts
   detail::Problem problem;
   detail::KernelInputs inputs;  // converted copies of the options' tensors
-  detail::SdpaParams params;    // planned (split per call for grouped-query attention)
+  // Planned; grouped-query attention's view (split_kv_heads) taken once when Lk is fixed
+  // (split_planned), else per call.
+  detail::SdpaParams params;
+  bool split_planned = false;
   detail::KernelRun kernel = nullptr;
   // Bytes each planned view spans (detail::byte_extent; key and value: with a fixed Lk only),
   // and the byte ranges of the options' tensors: the overlap checks of run() without
@@ -120,9 +123,14 @@ AttentionPlan::AttentionPlan(const TensorView& query, const TensorView& key,
   // Pointers of the planning views are not kept: run() sets every one.
   s.params.query = s.params.key = s.params.value = nullptr;
   s.params.output = nullptr;
-  s.kernel = detail::chosen_kernel_run(
-      s.problem.kv_group > 1 ? detail::split_kv_heads(s.params, s.problem.kv_group) : s.params,
-      options.backend);
+  if (s.problem.kv_group > 1 && !variable_key_length) {
+    s.params = detail::split_kv_heads(s.params, s.problem.kv_group);
+    s.split_planned = true;
+  }
+  s.kernel = detail::chosen_kernel_run(s.problem.kv_group > 1 && !s.split_planned
+                                           ? detail::split_kv_heads(s.params, s.problem.kv_group)
+                                           : s.params,
+                                       options.backend);
 }
 
 AttentionPlan::AttentionPlan(AttentionPlan&&) noexcept = default;
@@ -198,6 +206,9 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
   if (logsumexp) {
     p.logsumexp = logsumexp->data_as<float>();
     p.logsumexp_strides = detail::row_vector_strides(*logsumexp);
+    if (s.split_planned) {
+      p.logsumexp_strides = detail::split_query_heads(p.logsumexp_strides, s.problem.kv_group);
+    }
   }
   if (s.variable_key_length) {
     TensorView k = key, v = value;
@@ -211,7 +222,9 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
     }
   }
   if (p.batch * p.query_len == 0) return;
-  if (s.problem.kv_group > 1) return s.kernel(detail::split_kv_heads(p, s.problem.kv_group));
+  if (s.problem.kv_group > 1 && !s.split_planned) {
+    return s.kernel(detail::split_kv_heads(p, s.problem.kv_group));
+  }
   s.kernel(p);
 }
 
