@@ -292,6 +292,14 @@ class AttentionPlan:
     def run(self, query: Array, key: Array, value: Array, out: Array, *,
             logsumexp: Optional[Array] = None) -> None:
         """Writes out (..., Lq, Ev) (and logsumexp (..., Lq)) for new arrays of the layout."""
+    def bind(self, query: Array, key: Array, value: Array, out: Array, *,
+             logsumexp: Optional[Array] = None) -> "BoundPlan":
+        """The plan tied to these arrays (rewritten in place between calls)."""
+
+
+class BoundPlan:
+    """AttentionPlan.bind's result: calling it runs the plan on the bound arrays."""
+    def __call__(self) -> None: ...
 
 
 def cpp_plan_seconds(plan: AttentionPlan, query: Array, key: Array, value: Array, out: Array,

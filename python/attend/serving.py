@@ -17,10 +17,10 @@ import sys
 
 import numpy as np
 
-from ._attend import (AttentionPlan, Error, PagedKvCache, Rope, ServingOptions, paged_attention,
+from ._attend import (AttentionPlan, BoundPlan, Error, PagedKvCache, Rope, ServingOptions, paged_attention,
                       varlen_attention)
 
-__all__ = ["AttentionPlan", "PagedKvCache", "Rope", "ServingOptions", "cu_seqlens",
+__all__ = ["AttentionPlan", "BoundPlan", "PagedKvCache", "Rope", "ServingOptions", "cu_seqlens",
            "paged_attention", "varlen_attention"]
 
 

@@ -24,6 +24,7 @@
 #include "attend/rope.hpp"
 #include "attend/varlen.hpp"
 #include "bindings.hpp"
+#include "numpy_views.hpp"
 
 namespace attend_python {
 namespace {
@@ -122,13 +123,13 @@ const ServingOptions& options_or_default(const ServingOptions* options) {
 // An output: the caller's array (borrowed writable), or a new tensor of `shape` and `dtype`
 // handed back as `kind`.
 struct Output {
-  std::optional<Borrowed> borrowed;
+  std::optional<InPlace> borrowed;
   std::optional<Tensor> owned;
   TensorView view;
 
   Output(py::handle given, const char* name, DType dtype, const Shape& shape) {
     if (!given.is_none()) {
-      borrowed = borrow(given, name, true);
+      borrowed.emplace(given, name, true);
       view = borrowed->view;
     } else {
       owned = Tensor(dtype, shape);
@@ -178,9 +179,9 @@ py::object paged_attention(py::handle query, py::handle cu_seqlens_q, py::handle
                            py::handle value_blocks, py::handle block_tables, py::handle seq_lens,
                            py::handle out, const ServingOptions* options, py::handle logsumexp,
                            py::handle key_mass) {
-  const Borrowed q = borrow(query, "query"), cu = borrow(cu_seqlens_q, "cu_seqlens_q");
-  const Borrowed kb = borrow(key_blocks, "key_blocks"), vb = borrow(value_blocks, "value_blocks");
-  const Borrowed tables = borrow(block_tables, "block_tables"), lens = borrow(seq_lens, "seq_lens");
+  const InPlace q(query, "query"), cu(cu_seqlens_q, "cu_seqlens_q");
+  const InPlace kb(key_blocks, "key_blocks"), vb(value_blocks, "value_blocks");
+  const InPlace tables(block_tables, "block_tables"), lens(seq_lens, "seq_lens");
   Output o(out, "out", q.view.dtype, output_shape(q.view, dim(vb.view, 3)));
   OptionalOutput lse(logsumexp, "logsumexp", Shape({dim(q.view, 0), dim(q.view, 1)}));
   OptionalOutput mass(key_mass, "key_mass",
@@ -197,9 +198,9 @@ py::object paged_attention(py::handle query, py::handle cu_seqlens_q, py::handle
 py::object varlen_attention(py::handle query, py::handle key, py::handle value,
                             py::handle cu_seqlens_q, py::handle cu_seqlens_k, py::handle out,
                             const ServingOptions* options, py::handle logsumexp) {
-  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
-  const Borrowed cq = borrow(cu_seqlens_q, "cu_seqlens_q"),
-                 ck = borrow(cu_seqlens_k, "cu_seqlens_k");
+  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
+  const InPlace cq(cu_seqlens_q, "cu_seqlens_q"),
+                 ck(cu_seqlens_k, "cu_seqlens_k");
   Output o(out, "out", q.view.dtype, output_shape(q.view, dim(v.view, 2)));
   OptionalOutput lse(logsumexp, "logsumexp", Shape({dim(q.view, 0), dim(q.view, 1)}));
   const attend::AttentionOptions call = options_or_default(options).resolved();
@@ -223,13 +224,13 @@ attend::RopeOptions make_rope(double base, bool interleaved, int64_t rotary_dim)
 }
 
 void rope_apply(const attend::RopeOptions& rope, py::handle x, int64_t position_offset) {
-  const Borrowed view = borrow(x, "x", true);
+  const InPlace view(x, "x", true);
   py::gil_scoped_release release;
   attend::apply_rope(view.view, position_offset, rope);
 }
 
 void rope_apply_at(const attend::RopeOptions& rope, py::handle x, py::handle positions) {
-  const Borrowed view = borrow(x, "x", true), at = borrow(positions, "positions");
+  const InPlace view(x, "x", true), at(positions, "positions");
   py::gil_scoped_release release;
   attend::apply_rope_at(view.view, at.view, rope);
 }
@@ -247,8 +248,8 @@ py::object storage_view(TensorView view, py::handle cache) {
 
 void cache_append(attend::PagedKvCache& cache, const std::vector<int64_t>& ids, py::handle key,
                   py::handle value, py::handle cu_seqlens, const attend::RopeOptions* rope) {
-  const Borrowed k = borrow(key, "key"), v = borrow(value, "value");
-  const Borrowed cu = borrow(cu_seqlens, "cu_seqlens");
+  const InPlace k(key, "key"), v(value, "value");
+  const InPlace cu(cu_seqlens, "cu_seqlens");
   py::gil_scoped_release release;
   cache.append(ids, k.view, v.view, cu.view, rope);
 }
@@ -256,7 +257,7 @@ void cache_append(attend::PagedKvCache& cache, const std::vector<int64_t>& ids, 
 py::object cache_attend(const attend::PagedKvCache& cache, const std::vector<int64_t>& ids,
                         py::handle query, py::handle cu_seqlens_q, py::handle out,
                         const ServingOptions* options, py::handle logsumexp, py::handle key_mass) {
-  const Borrowed q = borrow(query, "query"), cu = borrow(cu_seqlens_q, "cu_seqlens_q");
+  const InPlace q(query, "query"), cu(cu_seqlens_q, "cu_seqlens_q");
   const attend::KvCacheConfig& config = cache.config();
   const int64_t value_dim = config.value_dim > 0 ? config.value_dim : config.head_dim;
   Output o(out, "out", q.view.dtype, output_shape(q.view, value_dim));
@@ -288,8 +289,8 @@ struct Plan {
 
 Plan make_plan(py::handle query, py::handle key, py::handle value, py::handle out,
                py::object options_object, bool variable_key_length, bool need_logsumexp) {
-  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
-  const Borrowed o = borrow(out, "out", true);
+  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
+  const InPlace o(out, "out", true);
   const ServingOptions* options =
       options_object.is_none() ? nullptr : options_object.cast<const ServingOptions*>();
   attend::AttentionOptions call = options_or_default(options).resolved();
@@ -303,20 +304,68 @@ Plan make_plan(py::handle query, py::handle key, py::handle value, py::handle ou
 
 void plan_run(const Plan& p, py::handle query, py::handle key, py::handle value, py::handle out,
               py::handle logsumexp) {
-  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
-  const Borrowed o = borrow(out, "out", true);
-  const std::optional<Borrowed> lse =
-      logsumexp.is_none() ? std::nullopt : std::optional<Borrowed>(borrow(logsumexp, "logsumexp", true));
+  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
+  const InPlace o(out, "out", true);
+  std::optional<InPlace> lse;
+  if (!logsumexp.is_none()) lse.emplace(logsumexp, "logsumexp", true);
   py::gil_scoped_release release;
   p.plan->run(q.view, k.view, v.view, o.view, lse ? &lse->view : nullptr);
 }
+
+// A plan bound to the arrays of a decode loop that rewrites them in place each step: a call
+// reads no shapes or strides. NumPy arrays are held (ndarray.resize refuses an array with
+// other references, unless told refcheck=False); a torch tensor's data pointer is read each
+// call and, when it moved (resize_, set_), the tensor is read again in full. Shapes and
+// strides are those at bind time.
+class BoundPlan {
+ public:
+  BoundPlan(py::object plan, py::handle query, py::handle key, py::handle value, py::handle out,
+            py::handle logsumexp)
+      : plan_object_(std::move(plan)), plan_(plan_object_.cast<const Plan*>()) {
+    bind(query, "query", false);
+    bind(key, "key", false);
+    bind(value, "value", false);
+    bind(out, "out", true);
+    if (!logsumexp.is_none()) bind(logsumexp, "logsumexp", true);
+  }
+  BoundPlan(BoundPlan&&) = default;
+  BoundPlan(const BoundPlan&) = delete;
+
+  void run() {
+    for (Argument& a : arguments_) {
+      if (a.borrowed.kind == Kind::kTorch && torch_data_ptr(a.array) != a.borrowed.view.data) {
+        a.borrowed = borrow(a.array, a.name, a.writable);
+      }
+    }
+    const TensorView* lse = arguments_.size() > 4 ? &arguments_[4].borrowed.view : nullptr;
+    py::gil_scoped_release release;
+    plan_->plan->run(arguments_[0].borrowed.view, arguments_[1].borrowed.view,
+                     arguments_[2].borrowed.view, arguments_[3].borrowed.view, lse);
+  }
+
+ private:
+  struct Argument {
+    py::object array;
+    const char* name;
+    bool writable;
+    Borrowed borrowed;
+  };
+  void bind(py::handle array, const char* name, bool writable) {
+    arguments_.push_back(Argument{py::reinterpret_borrow<py::object>(array), name, writable,
+                                  borrow(array, name, writable)});
+  }
+
+  py::object plan_object_;
+  const Plan* plan_;
+  std::vector<Argument> arguments_;
+};
 
 // Seconds per plan.run() of the C++ API itself on borrowed arrays (python_bench.py's
 // baseline for a planned decode call), of the calling thread's CPU time or wall time.
 double cpp_plan_seconds(const Plan& p, py::handle query, py::handle key, py::handle value,
                         py::handle out, int calls, bool thread_cpu_time) {
-  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
-  const Borrowed o = borrow(out, "out", true);
+  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
+  const InPlace o(out, "out", true);
   py::gil_scoped_release release;
   const auto now = [thread_cpu_time] {
     timespec t;
@@ -423,6 +472,18 @@ constexpr const char* kPlanRunDoc = R"(run(query, key, value, out, *, logsumexp=
 
 One call on new arrays of the planned layout, written into out (..., Lq, Ev) (and logsumexp
 (..., Lq) float32 when planned with need_logsumexp). The GIL is released while it runs.)";
+
+constexpr const char* kPlanBindDoc = R"(bind(query, key, value, out, *, logsumexp=None) -> BoundPlan
+
+The plan tied to these arrays, for a loop that rewrites them in place each step (copy the
+new query into `query`, read `out`): calling the result runs the plan without reading any
+shape or stride again, the cheapest call from Python. The arrays are held (NumPy's resize
+refuses them); a torch tensor whose data pointer moved is read again; shapes and strides are
+those at bind time.)";
+
+constexpr const char* kBoundPlanDoc = R"(An AttentionPlan bound to its arrays (AttentionPlan.bind); call it
+to run: out (..., Lq, Ev) is written from query (..., Lq, E), key and value (..., Lk, ·) as
+they are now.)";
 
 }  // namespace
 
@@ -535,8 +596,18 @@ void bind_serving(py::module_& m) {
            py::arg("variable_key_length") = false, py::arg("need_logsumexp") = false)
       .def("run", &plan_run, kPlanRunDoc, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
            py::kw_only(), py::arg("logsumexp") = py::none())
+      .def(
+          "bind",
+          [](py::object self, py::handle query, py::handle key, py::handle value, py::handle out,
+             py::handle logsumexp) {
+            return BoundPlan(std::move(self), query, key, value, out, logsumexp);
+          },
+          kPlanBindDoc, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
+          py::kw_only(), py::arg("logsumexp") = py::none())
       .def_property_readonly("prepared", [](const Plan& p) { return p.plan->prepared(); },
                              "whether run() takes the prepared path");
+  py::class_<BoundPlan>(m, "BoundPlan", kBoundPlanDoc)
+      .def("__call__", &BoundPlan::run, "runs the plan on the bound arrays (writes out)");
   m.def("cpp_plan_seconds", &cpp_plan_seconds);
 }
 

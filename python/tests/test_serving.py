@@ -454,6 +454,34 @@ def test_plans_are_bitwise_the_unprepared_call():
     assert np.all(lse != 0)
 
 
+def test_bound_plans_read_the_arrays_as_they_are_now():
+    q, k, v = (torch.from_numpy(normal((1, HEADS, n, DIM), seed)) for n, seed in
+               [(1, 1), (30, 2), (30, 3)])
+    out = torch.zeros(1, HEADS, 1, DIM)
+    plan = attend.AttentionPlan(q, k, v, out)
+    bound = plan.bind(q, k, v, out)
+    for seed in (4, 5):
+        q.copy_(torch.from_numpy(normal(tuple(q.shape), seed)))  # the loop rewrites in place
+        bound()
+        assert torch.equal(out, attend.scaled_dot_product_attention(q, k, v))
+    # A tensor whose memory moved (set_ to new storage) is read again, not its old address.
+    q.set_(torch.from_numpy(normal(tuple(q.shape), 6)))
+    bound()
+    assert torch.equal(out, attend.scaled_dot_product_attention(q, k, v))
+    # NumPy arrays are held while bound: resize refuses (the plan's reference).
+    qn, kn, vn, on = (t.numpy().copy() for t in (q, k, v, out))
+    bound_numpy = plan.bind(qn, kn, vn, on)
+    with pytest.raises(ValueError):
+        qn.resize(2 * qn.size)
+    bound_numpy()
+    assert same_bits(on, out.numpy())
+    wrong = plan.bind(qn, kn[:, :, :5], vn[:, :, :5], on)  # a layout other than the plan's
+    on[:] = 7
+    with pytest.raises(attend.Error):
+        wrong()
+    assert np.all(on == 7)
+
+
 def test_the_gil_is_released_while_attend_works():
     cache = attend.PagedKvCache(300, block_size=16, kv_heads=4, head_dim=64)
     id = cache.add_sequence()
