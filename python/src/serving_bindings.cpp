@@ -246,6 +246,12 @@ py::object storage_view(TensorView view, py::handle cache) {
   return numpy_view(view, cache);
 }
 
+// A storage view of the cache `self` (key_blocks, ..., value_scales) as a property.
+template <TensorView (attend::PagedKvCache::*storage)() const>
+py::object storage_property(py::object self) {
+  return storage_view((self.cast<const attend::PagedKvCache&>().*storage)(), self);
+}
+
 void cache_append(attend::PagedKvCache& cache, const std::vector<int64_t>& ids, py::handle key,
                   py::handle value, py::handle cu_seqlens, const attend::RopeOptions* rope) {
   const InPlace k(key, "key"), v(value, "value");
@@ -553,22 +559,12 @@ void bind_serving(py::module_& m) {
           "dtype", [](const attend::PagedKvCache& c) { return attend::dtype_name(c.config().dtype); })
       .def_property_readonly("free_blocks", &attend::PagedKvCache::free_blocks)
       .def_property_readonly("nbytes", &attend::PagedKvCache::bytes)
-      .def_property_readonly("key_blocks",
-                             [](py::object self) {
-                               return storage_view(self.cast<const attend::PagedKvCache&>().key_blocks(), self);
-                             })
+      .def_property_readonly("key_blocks", &storage_property<&attend::PagedKvCache::key_blocks>)
       .def_property_readonly("value_blocks",
-                             [](py::object self) {
-                               return storage_view(self.cast<const attend::PagedKvCache&>().value_blocks(), self);
-                             })
-      .def_property_readonly("key_scales",
-                             [](py::object self) {
-                               return storage_view(self.cast<const attend::PagedKvCache&>().key_scales(), self);
-                             })
+                             &storage_property<&attend::PagedKvCache::value_blocks>)
+      .def_property_readonly("key_scales", &storage_property<&attend::PagedKvCache::key_scales>)
       .def_property_readonly("value_scales",
-                             [](py::object self) {
-                               return storage_view(self.cast<const attend::PagedKvCache&>().value_scales(), self);
-                             })
+                             &storage_property<&attend::PagedKvCache::value_scales>)
       .def("add_sequence", &attend::PagedKvCache::add_sequence,
            "add_sequence() -> int: a new empty sequence; returns its id")
       .def("fork", &attend::PagedKvCache::fork,

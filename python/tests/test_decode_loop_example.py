@@ -2,7 +2,6 @@
 returned, and its decoder through the paged cache, batched with other requests, gives the
 logits of the same decoder recomputed densely over the whole sequence at every step."""
 
-import importlib.util
 import pathlib
 import re
 import subprocess
@@ -12,16 +11,14 @@ import numpy as np
 import pytest
 
 import attend
+from conftest import EXAMPLES, load_example
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "decode_loop.py"
+EXAMPLE = EXAMPLES / "decode_loop.py"
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location("decode_loop", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("decode_loop")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
