@@ -502,5 +502,6 @@ def test_the_gil_is_released_while_attend_works():
         ticks.append(time.perf_counter())
         time.sleep(0.001)
     worker.join()
-    # Held, the GIL would let this thread tick once or twice in the whole call.
-    assert len(ticks) >= 5, (len(ticks), time.perf_counter() - started)
+    # Held, the GIL lets this thread tick about 3 times (before and after the call); released,
+    # 30-60 here.
+    assert len(ticks) >= 10, (len(ticks), time.perf_counter() - started)
