@@ -121,6 +121,12 @@ HWY_INLINE VF LoadKV(DF d, KvPtr<K> p) {
 #endif
   }
 }
+// Bytes of one element of K or V as stored.
+template <DType K>
+constexpr int64_t kv_bytes() {
+  return static_cast<int64_t>(sizeof(std::remove_pointer_t<KvPtr<K>>));
+}
+
 // Element i of K or V, as float32.
 template <DType K>
 HWY_INLINE float KvAt(KvPtr<K> p, int64_t i) {
@@ -325,12 +331,12 @@ HWY_INLINE void RowScores(const float* query, KvPtr<K> key, const int64_t* slot,
   if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
 }
 
-// out_r[c] (+)= Σ_j prob_r[j]·V_r[j][c] for G rows (V_r[j] at value[r] + slot[j]·value_stride)
-// and the vector columns c < columns (a multiple of kLanes), starting from zero when `first`; when
-// `last`, stores out_r·factor_r into dest_r instead of out_r. kShared: the rows share one V
-// (value[0]), each of whose vectors is loaded once for the G rows; else each row reads its own.
-template <int G, bool kShared, DType K>
-HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value, const int64_t* slot,
+// out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows sharing one V (V[j] at value + slot[j]·
+// value_stride, each of its vectors loaded once for the G rows) and the vector columns c <
+// columns (a multiple of kLanes), starting from zero when `first`; when `last`, stores
+// out_r·factor_r into dest_r instead of out_r.
+template <int G, DType K>
+HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const int64_t* slot,
                                int64_t value_stride, int64_t keys, int64_t columns, bool first,
                                bool last, const float* factor, float* const* out,
                                float* const* dest) {
@@ -343,17 +349,9 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value, 
       acc1[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c + kLanes);
     }
     for (int64_t j = 0; j < keys; ++j) {
-      VF v0, v1;
-      const int64_t row = slot[j] * value_stride + c;
-      if constexpr (kShared) {
-        const KvPtr<K> v = value[0] + row;
-        v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
-      }
+      const KvPtr<K> v = value + slot[j] * value_stride + c;
+      const VF v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
       for (int r = 0; r < G; ++r) {
-        if constexpr (!kShared) {
-          const KvPtr<K> v = value[r] + row;
-          v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
-        }
         const VF pj = hn::Set(d, prob[r][j]);
         acc0[r] = hn::MulAdd(pj, v0, acc0[r]);
         acc1[r] = hn::MulAdd(pj, v1, acc1[r]);
@@ -374,10 +372,8 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value, 
     VF acc[G];
     for (int r = 0; r < G; ++r) acc[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
     for (int64_t j = 0; j < keys; ++j) {
-      for (int r = 0; r < G; ++r) {
-        const VF v = LoadKV<K>(d, value[kShared ? 0 : r] + slot[j] * value_stride + c);
-        acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
-      }
+      const VF v = LoadKV<K>(d, value + slot[j] * value_stride + c);
+      for (int r = 0; r < G; ++r) acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
     }
     for (int r = 0; r < G; ++r) {
       if (last) {
@@ -386,6 +382,60 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value, 
         hn::Store(acc[r], d, out[r] + c);
       }
     }
+  }
+}
+
+// out[c] (+)= Σ_j prob[j]·V[j][c] for one row and the N vector columns from c0 (V[j] at value
+// + slot[j]·value_stride), starting from zero when `first`; when `last`, stores out·factor
+// into dest instead of out. Each key's N vectors are loaded together: V is read in key order,
+// one stream, each byte once per column block. Per column the sum runs in key order, as in
+// AccumulateRows (the same bits).
+template <int N, DType K>
+HWY_INLINE void AccumulateRowBlock(const float* HWY_RESTRICT prob, KvPtr<K> value,
+                                   const int64_t* slot, int64_t value_stride, int64_t keys,
+                                   int64_t c0, bool first, bool last, float factor, float* out,
+                                   float* dest) {
+  const DF d;
+  VF acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = first ? hn::Zero(d) : hn::Load(d, out + c0 + n * kLanes);
+  for (int64_t j = 0; j < keys; ++j) {
+    const KvPtr<K> v = value + slot[j] * value_stride + c0;
+    const VF pj = hn::Set(d, prob[j]);
+    for (int n = 0; n < N; ++n) acc[n] = hn::MulAdd(pj, LoadKV<K>(d, v + n * kLanes), acc[n]);
+  }
+  for (int n = 0; n < N; ++n) {
+    if (last) {
+      hn::StoreU(hn::Mul(acc[n], hn::Set(d, factor)), d, dest + c0 + n * kLanes);
+    } else {
+      hn::Store(acc[n], d, out + c0 + n * kLanes);
+    }
+  }
+}
+
+// AccumulateRowBlock over the vector columns c < columns (a multiple of kLanes) in blocks of
+// 8, 4, 2 and 1 vectors.
+template <DType K>
+HWY_INLINE void AccumulateRow(const float* prob, KvPtr<K> value, const int64_t* slot,
+                              int64_t value_stride, int64_t keys, int64_t columns, bool first,
+                              bool last, float factor, float* out, float* dest) {
+  int64_t c = 0;
+  for (; c + 8 * kLanes <= columns; c += 8 * kLanes) {
+    AccumulateRowBlock<8, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
+                             dest);
+  }
+  if (c + 4 * kLanes <= columns) {
+    AccumulateRowBlock<4, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
+                             dest);
+    c += 4 * kLanes;
+  }
+  if (c + 2 * kLanes <= columns) {
+    AccumulateRowBlock<2, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
+                             dest);
+    c += 2 * kLanes;
+  }
+  if (c < columns) {
+    AccumulateRowBlock<1, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
+                             dest);
   }
 }
 
@@ -574,22 +624,27 @@ class RowGroupAttention {
       }
     }
 
-    // 5. Output = P·V·factor, the vector columns in chunks of 256 keys (a chunk of V, up to
-    // 256 KiB at Ev = 256, is read from memory once and from cache for the remaining column
-    // blocks), the last few columns one at a time.
-    constexpr int64_t kKeyChunk = 256;
+    // 5. Output = P·V·factor, the vector columns in chunks of keys whose V rows fit in half
+    // the L1 cache (16 KiB: read from memory once, from L1 for the remaining column blocks),
+    // the last few columns one at a time. Rows with their own V read it row by row, in key
+    // order; rows sharing V load each of its vectors once for all of them.
     const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
-    for (int64_t k0 = 0; k0 < group_key_end; k0 += kKeyChunk) {
-      const float* prob[G];
-      for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
-      const int64_t keys = std::min(kKeyChunk, group_key_end - k0);
-      const bool first = k0 == 0, last = k0 + kKeyChunk >= group_key_end;
+    const int64_t key_chunk = std::clamp<int64_t>(
+        (int64_t{16} << 10) / std::max<int64_t>(vector_columns * kv_bytes<K>(), 1) / 16 * 16,
+        16, 256);
+    for (int64_t k0 = 0; k0 < group_key_end; k0 += key_chunk) {
+      const int64_t keys = std::min(key_chunk, group_key_end - k0);
+      const bool first = k0 == 0, last = k0 + key_chunk >= group_key_end;
       if (shared) {
-        AccumulateRows<G, true, K>(prob, value_, ws_.slots + k0, p_.value_strides.row, keys,
-                                   vector_columns, first, last, out_factor_, out_, dest_);
+        const float* prob[G];
+        for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
+        AccumulateRows<G, K>(prob, value_[0], ws_.slots + k0, p_.value_strides.row, keys,
+                             vector_columns, first, last, out_factor_, out_, dest_);
       } else {
-        AccumulateRows<G, false, K>(prob, value_, ws_.slots + k0, p_.value_strides.row, keys,
-                                    vector_columns, first, last, out_factor_, out_, dest_);
+        for (int r = 0; r < G; ++r) {
+          AccumulateRow<K>(scores_[r] + k0, value_[r], ws_.slots + k0, p_.value_strides.row,
+                           keys, vector_columns, first, last, out_factor_[r], out_[r], dest_[r]);
+        }
       }
     }
     for (int r = 0; r < G; ++r) {
