@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attend/runtime.hpp"
 #include "simd_dispatch.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)

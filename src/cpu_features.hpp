@@ -3,7 +3,9 @@
 // call computes with them is the boundary's choice (wants_bf16_products, sdpa_boundary.hpp).
 #pragma once
 
-#include "attend/runtime.hpp"
+namespace attend {
+struct PrecisionSupport;  // attend/runtime.hpp (an API header: the kernels include this one)
+}  // namespace attend
 
 namespace attend::detail {
 
