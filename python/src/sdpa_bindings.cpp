@@ -141,35 +141,36 @@ std::optional<int64_t> optional_int(py::handle h) {
   return h.cast<int64_t>();
 }
 
-// rules: None, or the tuple (window_left, window_right, alibi, sinks, segment_ids_query,
-// segment_ids_key, prefix, softcap) built by attend/_functional.py: window sides None for
-// unbounded (both None: no window); alibi None, True or a (H) slopes array; softcap None or
-// a float.
+// rules: None, or attend._functional.ScoreRules, read by field name: window_left and
+// window_right (None for unbounded; both None: no window), alibi (None, True or a (H) slopes
+// array), sinks, segment_ids_query, segment_ids_key, prefix, softcap (None or a float).
 void parse_rules(Call& call, py::handle rules) {
   if (rules.is_none()) return;
-  const auto t = rules.cast<py::tuple>();
-  if (t.size() != 8) throw attend::Error("internal: rules must have 8 entries");
+  const auto field = [&](const char* name) { return rules.attr(name); };
   attend::AttentionOptions& o = call.options;
-  const std::optional<int64_t> left = optional_int(t[0]), right = optional_int(t[1]);
+  const std::optional<int64_t> left = optional_int(field("window_left")),
+                               right = optional_int(field("window_right"));
   if (left || right) {
     o.window = attend::SlidingWindow{left.value_or(attend::kUnboundedWindow),
                                      right.value_or(attend::kUnboundedWindow)};
   }
-  if (t[2].ptr() == Py_True) {
+  const py::object alibi = field("alibi");
+  if (alibi.ptr() == Py_True) {
     o.alibi = true;
-  } else if (!t[2].is_none()) {
-    call.alibi_slopes = borrow(t[2], "alibi_slopes");
+  } else if (!alibi.is_none()) {
+    call.alibi_slopes = borrow(alibi, "alibi_slopes");
     o.alibi = true;
     o.alibi_slopes = call.alibi_slopes->view;
   }
-  call.sinks = borrow_optional(t[3], "sinks");
+  call.sinks = borrow_optional(field("sinks"), "sinks");
   if (call.sinks) o.sinks = call.sinks->view;
-  call.segment_query = borrow_optional(t[4], "segment_ids (query)");
-  call.segment_key = borrow_optional(t[5], "segment_ids (key)");
+  call.segment_query = borrow_optional(field("segment_ids_query"), "segment_ids (query)");
+  call.segment_key = borrow_optional(field("segment_ids_key"), "segment_ids (key)");
   if (call.segment_query) o.segment_ids_query = call.segment_query->view;
   if (call.segment_key) o.segment_ids_key = call.segment_key->view;
-  o.prefix = t[6].cast<int64_t>();
-  if (!t[7].is_none()) o.softcap = t[7].cast<double>();
+  o.prefix = field("prefix").cast<int64_t>();
+  const py::object softcap = field("softcap");
+  if (!softcap.is_none()) o.softcap = softcap.cast<double>();
 }
 
 // PyTorch's attn_mask: whether it is additive (float: attend's bias) rather than a bool mask
