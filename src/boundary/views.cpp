@@ -110,6 +110,16 @@ OperandStrides leading_strides(const TensorView& t, int batch_rank) {
   s.row = t.strides[batch_rank];
   return s;
 }
+
+// `t` itself (its last stride 1) when it is float32 with a contiguous last dimension.
+std::optional<TensorView> contiguous_float(const TensorView& t) {
+  if (t.dtype != DType::kFloat32 || (t.strides.back(0) != 1 && t.shape.back(0) > 1)) {
+    return std::nullopt;
+  }
+  TensorView v = t;
+  v.strides[v.rank() - 1] = 1;
+  return v;
+}
 }  // namespace
 
 OperandStrides plain_strides(const TensorView& t) { return leading_strides(t, t.rank() - 2); }
@@ -121,11 +131,7 @@ OperandStrides row_vector_strides(const TensorView& t) {
 // A float32 view with a contiguous last dimension: the view itself when it already is one,
 // otherwise a converted copy kept alive in `storage`.
 TensorView as_kernel_float(const TensorView& t, std::optional<Tensor>& storage) {
-  if (t.dtype == DType::kFloat32 && (t.strides.back(0) == 1 || t.shape.back(0) <= 1)) {
-    TensorView v = t;
-    v.strides[v.rank() - 1] = 1;
-    return v;
-  }
+  if (const std::optional<TensorView> v = contiguous_float(t)) return *v;
   storage.emplace(DType::kFloat32, t.shape);
   convert(t, storage->view());
   return storage->view();
@@ -134,11 +140,7 @@ TensorView as_kernel_float(const TensorView& t, std::optional<Tensor>& storage) 
 // A float32 view with a contiguous last dimension to write into: `out` itself when it is
 // one, else a staging tensor kept in `storage` (copied back by the caller).
 TensorView writable_kernel_float(const TensorView& out, std::optional<Tensor>& storage) {
-  if (out.dtype == DType::kFloat32 && (out.strides.back(0) == 1 || out.shape.back(0) <= 1)) {
-    TensorView v = out;
-    v.strides[v.rank() - 1] = 1;
-    return v;
-  }
+  if (const std::optional<TensorView> v = contiguous_float(out)) return *v;
   storage.emplace(DType::kFloat32, out.shape);
   return storage->view();
 }
