@@ -3,7 +3,7 @@
 in one process, on the same tensors (BENCHMARKS.md, section Python).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py [--threads T]
-        [--case overhead,phrase-mha,unet,s3,s4,s4-causal] [--repetitions R] [--min-time S]
+        [--case overhead,phrase-mha,plan-decode,unet,s3,s4,s4-causal] [--repetitions R] [--min-time S]
         [--json]
 
 Per case and pass, three callers, measured in turns (one repetition of each, R times):
@@ -20,7 +20,10 @@ difference of the fastest repetitions); attend/C++ is the median of the per-repe
 ratios, C++ and attend having run back to back. `overhead`: the phrase (1, 8, 4, 4, 32) on
 one thread, Python minus C++ (NumPy and torch inputs, with and without out=), in the calling
 thread's CPU time (time.thread_time, CLOCK_THREAD_CPUTIME_ID), which time spent descheduled
-on a shared machine does not inflate; the other cases in wall time.
+on a shared machine does not inflate; the other cases in wall time. `plan-decode`: a prepared
+call on a decode step (1, 8, 1, 128, 64), one thread, against the C++ loop of
+AttentionPlan::run on the same arrays, thread CPU time: plan.run(q, k, v, out) and the bound
+plan (plan.bind(q, k, v, out), then bound() per step), NumPy and torch.
 """
 
 import argparse
@@ -43,7 +46,9 @@ SHAPES = {
     "s4": (1, 16, 2048, 2048, 128, False),
     "s4-causal": (1, 16, 2048, 2048, 128, True),
 }
-CASES = ["overhead", "phrase-mha", "unet", "s3", "s4", "s4-causal"]
+CASES = ["overhead", "phrase-mha", "plan-decode", "unet", "s3", "s4", "s4-causal"]
+# A decode step: one query per head over a cache of 128 keys, (B, H, Lq, Lk, E).
+DECODE = (1, 8, 1, 128, 64)
 
 
 def forward_flops(B, H, Lq, Lk, E, causal):
@@ -167,6 +172,29 @@ def multihead_case(args, generator):
              "threads": 1}]
 
 
+def plan_decode_case(args, generator):
+    """A planned decode call from Python against the same plan run in a C++ loop."""
+    q, k, v = tensors(DECODE + (False,), generator)
+    out = torch.empty_like(q)
+    plan = attend.AttentionPlan(q, k, v, out, options=attend.ServingOptions(num_threads=1))
+    assert plan.prepared
+    qn, kn, vn, outn = (t.numpy() for t in (q, k, v, out))
+    bound_numpy, bound_torch = plan.bind(qn, kn, vn, outn), plan.bind(q, k, v, out)
+    variants = {
+        "C++": ("cpp", lambda n: _attend.cpp_plan_seconds(plan, q, k, v, out, n, True)),
+        "run NumPy": ("py", lambda: plan.run(qn, kn, vn, outn)),
+        "run torch": ("py", lambda: plan.run(q, k, v, out)),
+        "bound NumPy": ("py", bound_numpy),
+        "bound torch": ("py", bound_torch),
+    }
+    t, best = run_in_turns(variants, args.repetitions, args.min_time, time.thread_time)
+    return [{"case": "plan-decode", "pass": name, "cpp_us": t["C++"] * 1e6,
+             "attend_us": t[name] * 1e6, "overhead_us": (t[name] - t["C++"]) * 1e6,
+             "best_overhead_us": (best[name] - best["C++"]) * 1e6,
+             "pytorch_us": float("nan"), "threads": 1}
+            for name in ("run NumPy", "run torch", "bound NumPy", "bound torch")]
+
+
 def attention_case(name, args, generator):
     shape = SHAPES[name]
     causal = shape[5]
@@ -253,6 +281,8 @@ def main():
             rows += overhead_case(args, generator)
         elif name == "phrase-mha":
             rows += multihead_case(args, generator)
+        elif name == "plan-decode":
+            rows += plan_decode_case(args, generator)
         elif name in SHAPES:
             rows += attention_case(name, args, generator)
         else:

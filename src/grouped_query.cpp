@@ -54,8 +54,6 @@ int64_t kv_group_of(const TensorView& q, const TensorView& k, const TensorView& 
   return heads / kv_heads;
 }
 
-namespace {
-
 // Batch dimensions move one place to the front; the heads dimension (stride s) splits into
 // (group of G heads: G·s, head within the group: s) for a per-query-head operand.
 OperandStrides split_query_heads(OperandStrides s, int64_t group) {
@@ -65,6 +63,8 @@ OperandStrides split_query_heads(OperandStrides s, int64_t group) {
   s.batch[kMaxBatchRank - 1] = head;
   return s;
 }
+
+namespace {
 
 // Key and value: their heads dimension is already the Hkv groups; broadcast over G.
 OperandStrides split_kv_heads_strides(OperandStrides s) {

@@ -27,6 +27,8 @@ int64_t kv_group_of(const TensorView& query, const TensorView& key, const Tensor
 // operand of a query head splits its head stride s into (G·s, s), key and value take
 // (s_kv, 0). Needs batch_shape[0] == 1 (checked by kv_group_of: at most 3 batch dimensions).
 SdpaParams split_kv_heads(const SdpaParams& p, int64_t group);
+// The strides of one per-query-head operand in that view.
+OperandStrides split_query_heads(OperandStrides s, int64_t group);
 SdpaBackwardParams split_kv_heads(const SdpaBackwardParams& p, int64_t group);
 
 // dK (..., Hkv, Lk, D) = Σ_g dense (..., Hkv·G + g, Lk, D) for g = 0..G−1 in this order,

@@ -1,5 +1,5 @@
 // tiny_decoder.cpp: the model of tiny_decoder.hpp. Plain loops for the projections (the
-// example is about the attention and the cache), one OpenMP loop over tokens.
+// example is about the attention and the cache), one OpenMP loop over their dot products.
 #include "tiny_decoder.hpp"
 
 #include <algorithm>
@@ -23,6 +23,15 @@ Tensor random_matrix(int64_t rows, int64_t columns, std::mt19937_64& random) {
   return t;
 }
 
+// Σ_i x[i]·w[i] in SIMD partial sums (vectorized; the order is fixed by the build, so the
+// same bits at any thread count).
+float dot(const float* x, const float* w, int64_t n) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += x[i] * w[i];
+  return sum;
+}
+
 // out (T, O) = in (T, I)·Wᵀ, W (O, I); added to out when `accumulate`.
 void project(const std::vector<float>& in, const Tensor& w, std::vector<float>& out,
              bool accumulate, int threads) {
@@ -30,19 +39,15 @@ void project(const std::vector<float>& in, const Tensor& w, std::vector<float>& 
   const auto tokens = static_cast<int64_t>(in.size()) / inputs;
   if (!accumulate) out.assign(static_cast<size_t>(tokens * outputs), 0.0f);
   const float* weights = w.data_as<float>();
-  // Threads only for a few million multiply-adds and more: below that, waking and joining
-  // them costs more than the work (a decoding step's handful of tokens), and on a busy host
-  // far more (the library sizes its own work the same way).
-  const bool parallel = tokens > 1 && tokens * outputs * inputs >= (int64_t{1} << 22);
-#pragma omp parallel for num_threads(threads) if (parallel)
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* x = in.data() + t * inputs;
-    for (int64_t o = 0; o < outputs; ++o) {
-      const float* row = weights + o * inputs;
-      float sum = 0;
-      for (int64_t i = 0; i < inputs; ++i) sum += x[i] * row[i];
-      out[static_cast<size_t>(t * outputs + o)] += sum;
-    }
+  // Threads from 2^17 multiply-adds (tens of microseconds of these loops, against a few for
+  // waking and joining a thread on idle cores): a decoding step of a few sequences stays on
+  // one thread, a batch of 32 or a prompt chunk splits its dot products over all of them.
+  const int64_t products = tokens * outputs;
+  const bool parallel = products > 1 && products * inputs >= (int64_t{1} << 17);
+#pragma omp parallel for num_threads(threads) if (parallel) schedule(static)
+  for (int64_t n = 0; n < products; ++n) {
+    const int64_t t = n / outputs, o = n % outputs;
+    out[static_cast<size_t>(n)] += dot(in.data() + t * inputs, weights + o * inputs, inputs);
   }
 }
 
@@ -128,11 +133,14 @@ void TinyDecoder::forward(std::vector<float>& x, const std::vector<int64_t>& pos
   }
 }
 
-std::vector<float> TinyDecoder::logits_of(const std::vector<float>& x, int64_t row) const {
+std::vector<float> TinyDecoder::logits_of(const std::vector<float>& x,
+                                          const std::vector<int64_t>& rows) const {
   const int64_t d = config_.model_dim;
-  const std::vector<float> last(x.begin() + row * d, x.begin() + (row + 1) * d);
+  std::vector<float> last;
+  for (const int64_t row : rows)
+    last.insert(last.end(), x.begin() + row * d, x.begin() + (row + 1) * d);
   std::vector<float> logits;
-  project(rms_norm(last, d), embedding_, logits, false, 1);
+  project(rms_norm(last, d), embedding_, logits, false, config_.num_threads);
   return logits;
 }
 
@@ -162,13 +170,15 @@ std::vector<int32_t> TinyDecoder::step(const std::vector<int64_t>& ids,
             layers_[l].cache->append(ids, k, v, cu.view());
             layers_[l].cache->attend(ids, q, cu.view(), out, options);
           });
+  std::vector<int64_t> last_rows;
+  for (size_t s = 0; s < ids.size(); ++s) last_rows.push_back(cu.data_as<int32_t>()[s + 1] - 1);
+  logits_ = logits_of(x, last_rows);
   std::vector<int32_t> next;
-  logits_.clear();
+  const auto vocab = static_cast<size_t>(config_.vocab);
   for (size_t s = 0; s < ids.size(); ++s) {
-    const std::vector<float> logits = logits_of(x, cu.data_as<int32_t>()[s + 1] - 1);
-    logits_.insert(logits_.end(), logits.begin(), logits.end());
-    next.push_back(
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    const auto first = logits_.begin() + static_cast<std::ptrdiff_t>(s * vocab);
+    next.push_back(static_cast<int32_t>(
+        std::max_element(first, first + static_cast<std::ptrdiff_t>(vocab)) - first));
   }
   return next;
 }
@@ -195,7 +205,7 @@ std::vector<float> TinyDecoder::logits_without_cache(const std::vector<int32_t>&
             scaled_dot_product_attention_into(heads_first(q), heads_first(k), heads_first(v),
                                               heads_first(out), nullptr, options);
           });
-  return logits_of(x, length - 1);
+  return logits_of(x, {length - 1});
 }
 
 uint64_t TinyDecoder::cache_bytes() const {

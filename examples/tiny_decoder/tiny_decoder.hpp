@@ -66,7 +66,8 @@ class TinyDecoder {
   template <class Attend>
   void forward(std::vector<float>& x, const std::vector<int64_t>& positions,
                const Attend& attend_layer) const;
-  std::vector<float> logits_of(const std::vector<float>& x, int64_t row) const;
+  // Logits (rows.size(), vocab) of the rows `rows` of x.
+  std::vector<float> logits_of(const std::vector<float>& x, const std::vector<int64_t>& rows) const;
 
   TinyDecoderConfig config_;
   int64_t head_dim_;

@@ -4,6 +4,7 @@
     out = attend.scaled_dot_product_attention(q, k, v, is_causal=True)   # as torch's
     out, weights = attend.attention(q, k, v, mask)                       # the listing
     mha = attend.MultiheadAttention.from_torch(torch_module)             # as nn.MultiheadAttention
+    cache = attend.PagedKvCache(256, kv_heads=2, head_dim=64)            # serving: attend.serving
 
 Arrays are read in place (NumPy through the buffer protocol, torch tensors through DLPack,
 anything else through __dlpack__), strides honoured; results come back as the query's kind.
@@ -15,6 +16,8 @@ from ._attend import (DTypeError, Error, active_simd_target, bf16_compute_path,
                       compiled_simd_targets, fp16_compute_path, get_num_threads,
                       set_max_simd_target, set_num_threads, supported_simd_targets, version)
 from ._functional import attention
+from .serving import (AttentionPlan, PagedKvCache, Rope, ServingOptions, cu_seqlens,
+                      paged_attention, varlen_attention)
 from ._modules import (PatchEmbedding, PositionEmbedding, SpatialSelfAttention, TokenEmbedding,
                        add_positional_encoding, load_safetensors, save_safetensors,
                        sinusoidal_positional_encoding)
@@ -38,7 +41,8 @@ def _entry():
 scaled_dot_product_attention = _entry()
 
 __all__ = [
-    "DTypeError", "Error", "MultiheadAttention", "PatchEmbedding", "PositionEmbedding",
+    "AttentionPlan", "DTypeError", "Error", "MultiheadAttention", "PagedKvCache", "Rope",
+    "ServingOptions", "cu_seqlens", "paged_attention", "varlen_attention", "PatchEmbedding", "PositionEmbedding",
     "SpatialSelfAttention", "TokenEmbedding", "active_simd_target", "add_positional_encoding",
     "attention", "bf16_compute_path", "compiled_simd_targets", "fp16_compute_path", "get_num_threads", "load_safetensors",
     "save_safetensors", "scaled_dot_product_attention", "set_max_simd_target",

@@ -195,3 +195,113 @@ def cpp_sdpa_forward_backward_seconds(query: Array, key: Array, value: Array,
                                       num_threads: int) -> float: ...
 def cpp_multihead_seconds(module: MultiHeadAttention, x: Array, calls: int, num_threads: int,
                           thread_cpu_time: bool) -> float: ...
+
+
+# -- serving (python/src/serving_bindings.cpp): the paged KV cache, ragged batches, RoPE,
+# prepared calls. cu_seqlens, block tables and lengths are int32 arrays.
+
+class ServingOptions:
+    """Score rules of serving calls, made once: causal (bottom-right by default), window
+    (left, right), alibi (True or (H) slopes), softcap, sinks (H), prefix, scale, masked_rows,
+    compute ("auto", "float32", "bfloat16"), num_threads."""
+    causal: bool
+    scale: Optional[float]
+    num_threads: int
+    def __init__(self, *, causal: bool = False, causal_alignment: str = "bottom_right",
+                 window: Optional[Tuple[Optional[int], Optional[int]]] = None,
+                 alibi: Union[None, bool, Array] = None, softcap: Optional[float] = None,
+                 sinks: Optional[Array] = None, prefix: int = 0, scale: Optional[float] = None,
+                 masked_rows: str = "uniform", compute: str = "auto",
+                 num_threads: int = 0) -> None: ...
+
+
+def paged_attention(query: Array, cu_seqlens_q: Array, key_blocks: Array, value_blocks: Array,
+                    block_tables: Array, seq_lens: Array, *, out: Optional[Array] = None,
+                    options: Optional[ServingOptions] = None,
+                    logsumexp: Union[None, bool, Array] = None,
+                    key_mass: Union[None, bool, Array] = None) -> Any:
+    """query (total_q, H, E), cu_seqlens_q (B + 1), key_blocks (N, block_size, Hkv, E),
+    value_blocks (N, block_size, Hkv, Ev), block_tables (B, max_blocks), seq_lens (B) -> out
+    (total_q, H, Ev), or (out, logsumexp (total_q, H), key_mass (B, max_blocks·block_size))."""
+
+
+def varlen_attention(query: Array, key: Array, value: Array, cu_seqlens_q: Array,
+                     cu_seqlens_k: Array, *, out: Optional[Array] = None,
+                     options: Optional[ServingOptions] = None,
+                     logsumexp: Union[None, bool, Array] = None) -> Any:
+    """query (total_q, H, E), key (total_k, Hkv, E), value (total_k, Hkv, Ev), cu_seqlens
+    (B + 1) -> out (total_q, H, Ev), or (out, logsumexp (total_q, H), None)."""
+
+
+class Rope:
+    """Rotary position embeddings: base, interleaved (GPT-J) or half split (NeoX), rotary_dim."""
+    base: float
+    interleaved: bool
+    rotary_dim: int
+    def __init__(self, *, base: float = 10000.0, interleaved: bool = False,
+                 rotary_dim: int = 0) -> None: ...
+    def apply(self, x: Array, position_offset: int = 0) -> None:
+        """x (..., L, D) rotated in place, token l at position position_offset + l."""
+    def apply_at(self, x: Array, positions: Array) -> None:
+        """x (tokens, ..., D) rotated in place, token t at positions[t] (int32/int64)."""
+
+
+class PagedKvCache:
+    """A paged K/V cache: key_blocks (num_blocks, block_size, kv_heads, head_dim), value_blocks
+    (..., value_dim), NumPy views; dtype float32, float16, bfloat16, int8, float8_e4m3,
+    float8_e5m2 (quantized: key_scales/value_scales (num_blocks, block_size, kv_heads))."""
+    num_blocks: int
+    block_size: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+    dtype: str
+    free_blocks: int
+    nbytes: int
+    key_blocks: Any
+    value_blocks: Any
+    key_scales: Any
+    value_scales: Any
+    def __init__(self, num_blocks: int, *, block_size: int = 16, kv_heads: int = 1,
+                 head_dim: int = 64, value_dim: int = 0, dtype: Any = "float32") -> None: ...
+    def add_sequence(self) -> int: ...
+    def fork(self, id: int) -> int: ...
+    def remove_sequence(self, id: int) -> None: ...
+    def length(self, id: int) -> int: ...
+    def block_table(self, id: int) -> List[int]: ...
+    def evict_outside_window(self, id: int, window: int) -> None: ...
+    def append(self, ids: List[int], key: Array, value: Array, cu_seqlens: Array, *,
+               rope: Optional[Rope] = None) -> None:
+        """key (total_new, kv_heads, head_dim), value (total_new, kv_heads, value_dim),
+        cu_seqlens (B + 1)."""
+    def attend(self, ids: List[int], query: Array, cu_seqlens_q: Array, *,
+               out: Optional[Array] = None, options: Optional[ServingOptions] = None,
+               logsumexp: Union[None, bool, Array] = None,
+               key_mass: Union[None, bool, Array] = None) -> Any:
+        """query (total_q, H, head_dim), cu_seqlens_q (B + 1) -> out (total_q, H, value_dim),
+        or (out, logsumexp (total_q, H), key_mass (B, widest table·block_size))."""
+
+
+class AttentionPlan:
+    """A prepared call: query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev), out
+    (..., Lq, Ev) validated once."""
+    prepared: bool
+    def __init__(self, query: Array, key: Array, value: Array, out: Array, *,
+                 options: Optional[ServingOptions] = None, variable_key_length: bool = False,
+                 need_logsumexp: bool = False) -> None: ...
+    def run(self, query: Array, key: Array, value: Array, out: Array, *,
+            logsumexp: Optional[Array] = None) -> None:
+        """Writes out (..., Lq, Ev) (and logsumexp (..., Lq)) for new arrays of the layout."""
+    def bind(self, query: Array, key: Array, value: Array, out: Array, *,
+             logsumexp: Optional[Array] = None) -> "BoundPlan":
+        """The plan tied to these arrays (rewritten in place between calls)."""
+
+
+class BoundPlan:
+    """AttentionPlan.bind's result: calling it runs the plan on the bound arrays."""
+    def __call__(self) -> None: ...
+
+
+def cpp_plan_seconds(plan: AttentionPlan, query: Array, key: Array, value: Array, out: Array,
+                     calls: int, thread_cpu_time: bool) -> float:
+    """Seconds per plan.run() in a C++ loop (python_bench.py's baseline)."""

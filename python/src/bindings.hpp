@@ -19,5 +19,6 @@ void set_python_error(std::exception_ptr error);
 
 void bind_sdpa(py::module_& m);
 void bind_modules(py::module_& m);
+void bind_serving(py::module_& m);
 
 }  // namespace attend_python

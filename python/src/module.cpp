@@ -220,4 +220,5 @@ PYBIND11_MODULE(_attend, m) {
   m.def("cpp_multihead_seconds", &cpp_multihead_seconds);
   bind_sdpa(m);
   bind_modules(m);
+  bind_serving(m);
 }

@@ -2,7 +2,9 @@
 attend's score rules written out), tolerances from an error model, and a comparison that
 names the worst element."""
 
+import importlib.util
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -142,3 +144,14 @@ def generator():
 
 def random(generator, *shape, dtype=torch.float32):
     return torch.rand(shape, generator=generator, dtype=torch.float32).mul(2).sub(1).to(dtype)
+
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python"
+
+
+def load_example(name):
+    """examples/python/<name>.py imported as a module (its main() not run)."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,26 +3,19 @@ as tensors) under attend.torch.enabled(), against the same block in float64 on P
 path: a prompt (is_causal), a chunk after the cache (a bottom-right bool mask), decode steps
 (no mask); parameter gradients of the prompt."""
 
-import importlib.util
-import pathlib
-
 import pytest
 import torch
 
 import attend.torch
-from conftest import assert_close
+from conftest import assert_close, load_example
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "llama_block.py"
 U32 = 2.0**-24
 DIM = 32
 
 
 @pytest.fixture(scope="module")
 def llama():
-    spec = importlib.util.spec_from_file_location("llama_block", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("llama_block")
 
 
 def tolerance(expected, length):

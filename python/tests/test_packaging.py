@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import attend
+import attend.serving
 import attend.torch
 from attend import _attend
 
@@ -17,13 +18,14 @@ PACKAGE = pathlib.Path(attend.__file__).resolve().parent
 
 
 def stub_names(tree):
-    """Top-level names a stub defines, and {class: method names}."""
+    """Top-level names a stub defines, and {class: method and attribute names}."""
     names, methods = set(), {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             names.add(node.name)
         if isinstance(node, ast.ClassDef):
             methods[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            methods[node.name] |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
         elif isinstance(node, ast.AnnAssign):
             names.add(node.target.id)
         elif isinstance(node, ast.Assign):
@@ -42,7 +44,8 @@ def test_stubs_name_what_the_compiled_module_holds():
             continue
         actual = {n for n in dir(getattr(_attend, cls)) if not n.startswith("_")}
         assert actual - declared == set(), f"{cls}: methods missing from _attend.pyi"
-        assert declared - actual - {"__init__"} == set(), f"{cls}: methods not in the module"
+        assert declared - actual - {"__init__", "__call__"} == set(), \
+            f"{cls}: methods not in the module"
 
 
 def test_python_m_attend_info():
@@ -62,7 +65,7 @@ def test_python_m_attend_info():
 
 def test_every_public_function_has_a_docstring():
     undocumented = []
-    for module in (attend, attend.torch):
+    for module in (attend, attend.torch, attend.serving):
         for name in module.__all__:
             value = getattr(module, name)
             if not (inspect.getdoc(value) or "").strip():

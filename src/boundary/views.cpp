@@ -46,25 +46,24 @@ void check_view(const char* name, const TensorView& t) {
   }
 }
 
-namespace {
-// Byte range [first, last) that a view can touch; empty views touch nothing.
-struct ByteRange {
-  const char* first = nullptr;
-  const char* last = nullptr;
-};
-ByteRange byte_range(const TensorView& t) {
-  if (t.numel() == 0) return {};
+int64_t byte_extent(const TensorView& t) {
+  if (t.numel() == 0) return 0;
   int64_t last_offset = 0;
   for (int d = 0; d < t.rank(); ++d) last_offset += (t.shape[d] - 1) * t.strides[d];
-  const auto* first = static_cast<const char*>(t.data);
   const auto size = static_cast<int64_t>(dtype_size(t.dtype));
-  return {first, first + last_offset * size + size};
+  return last_offset * size + size;
 }
+
+ByteRange byte_range(const void* data, int64_t extent) {
+  const auto* first = static_cast<const char*>(data);
+  return extent > 0 ? ByteRange{first, first + extent} : ByteRange{};
+}
+
+ByteRange byte_range(const TensorView& t) { return byte_range(t.data, byte_extent(t)); }
 
 bool ranges_overlap(const ByteRange& a, const ByteRange& b) {
   return a.first && b.first && a.first < b.last && b.first < a.last;
 }
-}  // namespace
 
 bool overlaps(const TensorView& a, const TensorView& b) {
   return ranges_overlap(byte_range(a), byte_range(b));

@@ -5,6 +5,7 @@
 // serving, multi-head).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -17,6 +18,18 @@ namespace attend::detail {
 std::string describe(const char* name, const TensorView& t);
 // Null data, rank/stride mismatch, negative sizes or strides, byte offsets that overflow.
 void check_view(const char* name, const TensorView& t);
+// Bytes from a view's first element to one past the last it can touch (0 when empty): fixed
+// by shape, strides and dtype, so a plan computes it once (plan.cpp).
+int64_t byte_extent(const TensorView& t);
+// Byte range [first, last) that a view can touch; empty views touch nothing (null first).
+struct ByteRange {
+  const char* first = nullptr;
+  const char* last = nullptr;
+};
+ByteRange byte_range(const TensorView& t);
+// [data, data + extent): a view's range from its byte_extent (a plan's, computed once).
+ByteRange byte_range(const void* data, int64_t extent);
+bool ranges_overlap(const ByteRange& a, const ByteRange& b);
 // Whether the bytes the two views can touch intersect (empty views touch nothing).
 bool overlaps(const TensorView& a, const TensorView& b);
 // Strides (elements) of a view broadcast to (batch..., rows, columns) = `target`.

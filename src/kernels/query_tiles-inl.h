@@ -31,15 +31,14 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Key tile: 128 keys. The score tile (128 × Tq floats, 32 KiB at Tq = 64) stays in L1 while
-// it is exponentiated and multiplied by V; measured 64–256 within 2% on Zen 5.
+// it is exponentiated and multiplied by V (BENCHMARKS.md: tile sizes).
 constexpr int64_t kKeyTile = 128;
 // At most 4 query vectors per tile (shape_policy.hpp: TileVectors).
 constexpr int kMaxQueryVectors = static_cast<int>(kMaxTileVectors);
 // Register blocks: the query vectors of a tile (QV, up to 4) × kScoreKeys keys of score
 // accumulators, and the same query vectors × kValueColumns value columns of output
 // accumulators, kAccumulators in all. 32-register targets: 24 (4×6: 4 + 6 loads per 24
-// FMAs; 2×12 for tiles of 2 vectors: 0–17 % faster than 2×6 at Lq = 32, E = 64 in two
-// noisy comparisons).
+// FMAs; 2×12 for tiles of 2 vectors; BENCHMARKS.md: tile sizes).
 // 16-register targets: 8, leaving room for the operands.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kAccumulators = 24;

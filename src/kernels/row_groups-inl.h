@@ -121,6 +121,12 @@ HWY_INLINE VF LoadKV(DF d, KvPtr<K> p) {
 #endif
   }
 }
+// Bytes of one element of K or V as stored.
+template <DType K>
+constexpr int64_t kv_bytes() {
+  return static_cast<int64_t>(sizeof(std::remove_pointer_t<KvPtr<K>>));
+}
+
 // Element i of K or V, as float32.
 template <DType K>
 HWY_INLINE float KvAt(KvPtr<K> p, int64_t i) {
@@ -325,12 +331,12 @@ HWY_INLINE void RowScores(const float* query, KvPtr<K> key, const int64_t* slot,
   if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
 }
 
-// out_r[c] (+)= Σ_j prob_r[j]·V_r[j][c] for G rows (V_r[j] at value[r] + slot[j]·value_stride)
-// and the vector columns c < columns (a multiple of kLanes), starting from zero when `first`; when
-// `last`, stores out_r·factor_r into dest_r instead of out_r. kShared: the rows share one V
-// (value[0]), each of whose vectors is loaded once for the G rows; else each row reads its own.
-template <int G, bool kShared, DType K>
-HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value, const int64_t* slot,
+// out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows sharing one V (V[j] at value + slot[j]·
+// value_stride, each of its vectors loaded once for the G rows) and the vector columns c <
+// columns (a multiple of kLanes), starting from zero when `first`; when `last`, stores
+// out_r·factor_r into dest_r instead of out_r.
+template <int G, DType K>
+HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const int64_t* slot,
                                int64_t value_stride, int64_t keys, int64_t columns, bool first,
                                bool last, const float* factor, float* const* out,
                                float* const* dest) {
@@ -343,17 +349,9 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value, 
       acc1[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c + kLanes);
     }
     for (int64_t j = 0; j < keys; ++j) {
-      VF v0, v1;
-      const int64_t row = slot[j] * value_stride + c;
-      if constexpr (kShared) {
-        const KvPtr<K> v = value[0] + row;
-        v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
-      }
+      const KvPtr<K> v = value + slot[j] * value_stride + c;
+      const VF v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
       for (int r = 0; r < G; ++r) {
-        if constexpr (!kShared) {
-          const KvPtr<K> v = value[r] + row;
-          v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
-        }
         const VF pj = hn::Set(d, prob[r][j]);
         acc0[r] = hn::MulAdd(pj, v0, acc0[r]);
         acc1[r] = hn::MulAdd(pj, v1, acc1[r]);
@@ -374,10 +372,8 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value, 
     VF acc[G];
     for (int r = 0; r < G; ++r) acc[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
     for (int64_t j = 0; j < keys; ++j) {
-      for (int r = 0; r < G; ++r) {
-        const VF v = LoadKV<K>(d, value[kShared ? 0 : r] + slot[j] * value_stride + c);
-        acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
-      }
+      const VF v = LoadKV<K>(d, value + slot[j] * value_stride + c);
+      for (int r = 0; r < G; ++r) acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
     }
     for (int r = 0; r < G; ++r) {
       if (last) {
@@ -386,6 +382,60 @@ HWY_INLINE void AccumulateRows(const float* const* prob, const KvPtr<K>* value, 
         hn::Store(acc[r], d, out[r] + c);
       }
     }
+  }
+}
+
+// out[c] (+)= Σ_j prob[j]·V[j][c] for one row and the N vector columns from c0 (V[j] at value
+// + slot[j]·value_stride), starting from zero when `first`; when `last`, stores out·factor
+// into dest instead of out. Each key's N vectors are loaded together: V is read in key order,
+// one stream, each byte once per column block. Per column the sum runs in key order, as in
+// AccumulateRows (the same bits).
+template <int N, DType K>
+HWY_INLINE void AccumulateRowBlock(const float* HWY_RESTRICT prob, KvPtr<K> value,
+                                   const int64_t* slot, int64_t value_stride, int64_t keys,
+                                   int64_t c0, bool first, bool last, float factor, float* out,
+                                   float* dest) {
+  const DF d;
+  VF acc[N];
+  for (int n = 0; n < N; ++n) acc[n] = first ? hn::Zero(d) : hn::Load(d, out + c0 + n * kLanes);
+  for (int64_t j = 0; j < keys; ++j) {
+    const KvPtr<K> v = value + slot[j] * value_stride + c0;
+    const VF pj = hn::Set(d, prob[j]);
+    for (int n = 0; n < N; ++n) acc[n] = hn::MulAdd(pj, LoadKV<K>(d, v + n * kLanes), acc[n]);
+  }
+  for (int n = 0; n < N; ++n) {
+    if (last) {
+      hn::StoreU(hn::Mul(acc[n], hn::Set(d, factor)), d, dest + c0 + n * kLanes);
+    } else {
+      hn::Store(acc[n], d, out + c0 + n * kLanes);
+    }
+  }
+}
+
+// AccumulateRowBlock over the vector columns c < columns (a multiple of kLanes) in blocks of
+// 8, 4, 2 and 1 vectors.
+template <DType K>
+HWY_INLINE void AccumulateRow(const float* prob, KvPtr<K> value, const int64_t* slot,
+                              int64_t value_stride, int64_t keys, int64_t columns, bool first,
+                              bool last, float factor, float* out, float* dest) {
+  int64_t c = 0;
+  for (; c + 8 * kLanes <= columns; c += 8 * kLanes) {
+    AccumulateRowBlock<8, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
+                             dest);
+  }
+  if (c + 4 * kLanes <= columns) {
+    AccumulateRowBlock<4, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
+                             dest);
+    c += 4 * kLanes;
+  }
+  if (c + 2 * kLanes <= columns) {
+    AccumulateRowBlock<2, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
+                             dest);
+    c += 2 * kLanes;
+  }
+  if (c < columns) {
+    AccumulateRowBlock<1, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
+                             dest);
   }
 }
 
@@ -404,11 +454,22 @@ class RowGroupAttention {
   // points at, over the keys of `span`. shared: the rows share K and V (one batch index,
   // or K and V broadcast over the batch dimensions that differ).
   void Run(const Tile* const* tiles, const int64_t* queries, bool shared, KeySpan span) {
-    const DF d;
-    // Keys before every row's first visible key (a sliding window's far past) are not
-    // computed: the span starts at the group's first visible key, rounded down to whole
-    // vectors (and whole dropout words of 4 keys). The sink joins the first chunk only.
-    const bool first_chunk = span.begin == 0;
+    span = Setup(tiles, queries, span);  // 0. rows, visible keys, storage rows
+    Dots(shared);                        // 1. s = q·k (· the key's scale)
+    Rules(span);                         // 2. scaling, score rules, row maxima
+    Probabilities();                     // 3. p = 2^(s − m) and their sums
+    Normalize(span);                     // 4. weights, dropout
+    Accumulate(shared);                  // 5. output = P·V·factor
+    Finish(span);                        // 6. log-sum-exp, excluded rows, partials
+  }
+
+ private:
+  // 0. The rows, their visible keys (the span trimmed to them) and the storage row of each key.
+  // Keys before every row's first visible key (a sliding window's far past) are not
+  // computed: the span starts at the group's first visible key, rounded down to whole
+  // vectors (and whole dropout words of 4 keys). The sink joins the first chunk only.
+  HWY_INLINE KeySpan Setup(const Tile* const* tiles, const int64_t* queries, KeySpan span) {
+    sinks_ = p_.sinks != nullptr && span.begin == 0;
     if (ws_.positional) {
       for (int r = 0; r < G; ++r) visible_keys_[r] = visible_keys(p_, queries[r]);
       if (p_.window_left >= 0) {  // only a window's left side starts rows after key 0
@@ -422,12 +483,12 @@ class RowGroupAttention {
     } else {
       for (int r = 0; r < G; ++r) visible_keys_[r] = VisibleKeys{0, 0, p_.key_len - 1};
     }
-    int64_t group_key_end = 0;  // from here on, key indices count from span.begin
+    group_key_end_ = 0;  // from here on, key indices count from span.begin
     for (int r = 0; r < G; ++r) {
       tile_[r] = tiles[r];
       row_[r] = queries[r];
       key_end_[r] = std::clamp<int64_t>(visible_keys_[r].end() - span.begin, 0, span.count);
-      group_key_end = std::max(group_key_end, key_end_[r]);
+      group_key_end_ = std::max(group_key_end_, key_end_[r]);
       scores_[r] = ws_.scores + r * ws_.score_stride;
       query_[r] = tile_[r]->query + row_[r] * p_.query_strides.row;
       if constexpr (K == DType::kFloat32) {
@@ -438,38 +499,43 @@ class RowGroupAttention {
         value_[r] = static_cast<KvPtr<K>>(tile_[r]->value_stored);
       }
     }
-    const int64_t padded_end = static_cast<int64_t>(
-        hwy::RoundUpTo(static_cast<size_t>(group_key_end), static_cast<size_t>(kLanes)));
+    padded_end_ = static_cast<int64_t>(
+        hwy::RoundUpTo(static_cast<size_t>(group_key_end_), static_cast<size_t>(kLanes)));
     // The storage row of each key of the span: the block table resolved once per item.
-    SpanSlots(p_, span.begin, group_key_end, ws_.slots);
+    SpanSlots(p_, span.begin, group_key_end_, ws_.slots);
+    return span;
+  }
 
-    // 1. Dot products of the keys before the group's last visible key; the keys' scales of a
-    // quantized cache: s_j = scale_j · (q · code_j).
-    ComputeDots(group_key_end, shared);
+  // 1. Dot products of the keys before the group's last visible key; the keys' scales of a
+  // quantized cache: s_j = scale_j · (q · code_j).
+  HWY_INLINE void Dots(bool shared) {
+    ComputeDots(group_key_end_, shared);
     if constexpr (is_scaled_kv_format(K)) {
       for (int r = 0; r < G; ++r) {
-        ApplyRowScalesAt(tile_[r]->key_scales, p_.key_scale_strides.row, ws_.slots, group_key_end,
+        ApplyRowScalesAt(tile_[r]->key_scales, p_.key_scale_strides.row, ws_.slots, group_key_end_,
                          scores_[r]);
       }
     }
+  }
 
-    // 2. The score rules (score_rule_layer.hpp); lanes past each row's key_end become -inf
-    // after scaling (the scale may be negative), so 2^(-inf) = 0 leaves sums and outputs
-    // alone. Without modifications or pairwise rules, positions are judged a vector at a
-    // time: keys before the window (and past the prefix) get -inf as well.
+  // 2. The score rules (score_rule_layer.hpp); lanes past each row's key_end become -inf
+  // after scaling (the scale may be negative), so 2^(-inf) = 0 leaves sums and outputs
+  // alone. Without modifications or pairwise rules, positions are judged a vector at a
+  // time: keys before the window (and past the prefix) get -inf as well.
+  HWY_INLINE void Rules(KeySpan span) {
+    const DF d;
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
     const bool plain = ws_.plain;
     const hn::RebindToSigned<DF> di;
-    VF max_v[G];
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
       float* scores = scores_[r];
-      max_v[r] = neg_inf;
+      VF max_v = neg_inf;
       const VisibleKeys& keys = visible_keys_[r];
       if (plain && (keys.first <= span.begin || keys.prefix_end >= keys.first)) {
         // Every key of the span before key_end is visible: only the tail lanes are not.
         const VF factor_v = hn::Set(d, p_.scale * kLog2e);
-        for (int64_t j = 0; j < padded_end; j += kLanes) {
+        for (int64_t j = 0; j < padded_end_; j += kLanes) {
           VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
           if (j + kLanes > key_end_[r]) {
             s = hn::IfThenElse(
@@ -477,7 +543,7 @@ class RowGroupAttention {
                 neg_inf);
           }
           hn::Store(s, d, scores + j);
-          max_v[r] = hn::Max(max_v[r], s);
+          max_v = hn::Max(max_v, s);
         }
         visible_[r] = key_end_[r] > 0;
       } else if (plain) {
@@ -489,58 +555,63 @@ class RowGroupAttention {
         const auto first = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(
                                            keys.first - span.begin, -1, span.count + 1)));
         const auto end = hn::Set(di, static_cast<int32_t>(key_end_[r]));
-        for (int64_t j = 0; j < padded_end; j += kLanes) {
+        for (int64_t j = 0; j < padded_end_; j += kLanes) {
           const auto lane = hn::Iota(di, static_cast<int32_t>(j));
           const auto visible = hn::And(
               hn::Lt(lane, end), hn::Or(hn::Lt(lane, prefix_end), hn::Not(hn::Lt(lane, first))));
           const VF s = hn::IfThenElse(hn::RebindMask(d, visible),
                                       hn::Mul(hn::Load(d, scores + j), factor_v), neg_inf);
           hn::Store(s, d, scores + j);
-          max_v[r] = hn::Max(max_v[r], s);
+          max_v = hn::Max(max_v, s);
         }
         const int64_t begin = span.begin, last = begin + key_end_[r] - 1;
         visible_[r] = std::min(keys.prefix_end, last + 1) > begin ||
                       std::max(keys.first, begin) <= std::min(keys.last, last);
       } else {
-        std::fill(scores + key_end_[r], scores + padded_end,
+        std::fill(scores + key_end_[r], scores + padded_end_,
                   -std::numeric_limits<float>::infinity());
         visible_[r] = apply_score_rules_to_row(p_, tile.batch, row_[r], span.begin, key_end_[r],
                                                scores, ws_.keep);
-        for (int64_t j = 0; j < padded_end; j += kLanes) {
-          max_v[r] = hn::Max(max_v[r], hn::Load(d, scores + j));
+        for (int64_t j = 0; j < padded_end_; j += kLanes) {
+          max_v = hn::Max(max_v, hn::Load(d, scores + j));
         }
       }
+      row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v));
     }
+  }
 
-    // 3. Probabilities 2^(s − m) and their sums (m = 0 when every score is -inf).
-    // The head's sink (first chunk only) joins the maximum here and the sum below.
+  // 3. Probabilities 2^(s − m) and their sums (m = 0 when every score is -inf).
+  // The head's sink (first chunk only) joins the maximum here and the sum below.
+  HWY_INLINE void Probabilities() {
+    const DF d;
     VF sum_v[G], m_v[G];
-    const bool sinks = p_.sinks != nullptr && first_chunk;
-    float sink_[G];
     for (int r = 0; r < G; ++r) {
-      row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v[r]));
-      if (sinks) {
+      if (sinks_) {
         sink_[r] = p_.sinks[head_of(p_, tile_[r]->batch)] * kLog2e;
         row_max_[r] = std::max(row_max_[r], sink_[r]);
       }
       m_v[r] = hn::Set(d, std::isinf(row_max_[r]) && row_max_[r] < 0 ? 0.0f : row_max_[r]);
       sum_v[r] = hn::Zero(d);
     }
-    for (int64_t j = 0; j < padded_end; j += kLanes) {
+    for (int64_t j = 0; j < padded_end_; j += kLanes) {
       for (int r = 0; r < G; ++r) {
         const VF prob = Exp2(d, hn::Sub(hn::Load(d, scores_[r] + j), m_v[r]));
         hn::Store(prob, d, scores_[r] + j);
         sum_v[r] = hn::Add(sum_v[r], prob);
       }
     }
+    for (int r = 0; r < G; ++r) {
+      sum_[r] = hn::GetLane(hn::SumOfLanes(d, sum_v[r]));
+      if (sinks_) sum_[r] += std::exp2(sink_[r] - row_max_[r]);
+    }
+  }
 
-    // 4. Normalize (into the weights when requested), dropout. A chunk of a key split leaves
-    // the normalization to the merge (and never has weights: see PlanKeySplit).
+  // 4. Normalize (into the weights when requested), dropout. A chunk of a key split leaves
+  // the normalization to the merge (and never has weights: see PlanKeySplit).
+  HWY_INLINE void Normalize(KeySpan span) {
     const float keep_scale = 1.0f / (1.0f - p_.dropout);
     for (int r = 0; r < G; ++r) {
       const Tile& tile = *tile_[r];
-      sum_[r] = hn::GetLane(hn::SumOfLanes(d, sum_v[r]));
-      if (sinks) sum_[r] += std::exp2(sink_[r] - row_max_[r]);
       out_factor_[r] = span.partial ? keep_scale : keep_scale / sum_[r];
       float* scores = scores_[r];
       if (tile.weights) {
@@ -564,32 +635,37 @@ class RowGroupAttention {
       dest_[r] = span.partial ? span.partial->out + r * span.partial->out_stride
                               : tile.output + row_[r] * p_.output_strides.row;
     }
+  }
 
-    // The values' scales of a quantized cache: Σ_j p_j·(scale_j · code_j) = Σ_j
-    // (p_j·scale_j)·code_j.
+  // 5. Output = P·V·factor, the vector columns in chunks of keys whose V rows fit in half
+  // the L1 cache (16 KiB: read from memory once, from L1 for the remaining column blocks),
+  // the last few columns one at a time. Rows with their own V read it row by row, in key
+  // order; rows sharing V load each of its vectors once for all of them. The values' scales
+  // of a quantized cache: Σ_j p_j·(scale_j · code_j) = Σ_j (p_j·scale_j)·code_j.
+  HWY_INLINE void Accumulate(bool shared) {
     if constexpr (is_scaled_kv_format(K)) {
       for (int r = 0; r < G; ++r) {
         ApplyRowScalesAt(tile_[r]->value_scales, p_.value_scale_strides.row, ws_.slots,
-                         group_key_end, scores_[r]);
+                         group_key_end_, scores_[r]);
       }
     }
-
-    // 5. Output = P·V·factor, the vector columns in chunks of 256 keys (a chunk of V, up to
-    // 256 KiB at Ev = 256, is read from memory once and from cache for the remaining column
-    // blocks), the last few columns one at a time.
-    constexpr int64_t kKeyChunk = 256;
     const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
-    for (int64_t k0 = 0; k0 < group_key_end; k0 += kKeyChunk) {
-      const float* prob[G];
-      for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
-      const int64_t keys = std::min(kKeyChunk, group_key_end - k0);
-      const bool first = k0 == 0, last = k0 + kKeyChunk >= group_key_end;
+    const int64_t key_chunk = std::clamp<int64_t>(
+        (int64_t{16} << 10) / std::max<int64_t>(vector_columns * kv_bytes<K>(), 1) / 16 * 16,
+        16, 256);
+    for (int64_t k0 = 0; k0 < group_key_end_; k0 += key_chunk) {
+      const int64_t keys = std::min(key_chunk, group_key_end_ - k0);
+      const bool first = k0 == 0, last = k0 + key_chunk >= group_key_end_;
       if (shared) {
-        AccumulateRows<G, true, K>(prob, value_, ws_.slots + k0, p_.value_strides.row, keys,
-                                   vector_columns, first, last, out_factor_, out_, dest_);
+        const float* prob[G];
+        for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
+        AccumulateRows<G, K>(prob, value_[0], ws_.slots + k0, p_.value_strides.row, keys,
+                             vector_columns, first, last, out_factor_, out_, dest_);
       } else {
-        AccumulateRows<G, false, K>(prob, value_, ws_.slots + k0, p_.value_strides.row, keys,
-                                    vector_columns, first, last, out_factor_, out_, dest_);
+        for (int r = 0; r < G; ++r) {
+          AccumulateRow<K>(scores_[r] + k0, value_[r], ws_.slots + k0, p_.value_strides.row,
+                           keys, vector_columns, first, last, out_factor_[r], out_[r], dest_[r]);
+        }
       }
     }
     for (int r = 0; r < G; ++r) {
@@ -601,10 +677,12 @@ class RowGroupAttention {
         dest_[r][c] = acc * out_factor_[r];
       }
       // No key at all: AccumulateRows never ran; the exclusion fix below writes the row.
-      if (group_key_end == 0) std::fill_n(dest_[r], p_.value_dim, 0.0f);
+      if (group_key_end_ == 0) std::fill_n(dest_[r], p_.value_dim, 0.0f);
     }
+  }
 
-    // 6. Log-sum-exp, rows with every key excluded; or what the merge of a split needs.
+  // 6. Log-sum-exp, rows with every key excluded; or what the merge of a split needs.
+  HWY_INLINE void Finish(KeySpan span) {
     if (span.partial) {
       for (int r = 0; r < G; ++r) {
         span.partial->max[r] = row_max_[r];
@@ -624,7 +702,6 @@ class RowGroupAttention {
     }
   }
 
- private:
   void ComputeDots(int64_t key_end, bool shared) {
 #if ATTEND_QUAD_SUMS
     if (p_.head_dim % kLanes == 0) {
@@ -653,6 +730,10 @@ class RowGroupAttention {
   int64_t key_end_[G];
   bool visible_[G];
   float row_max_[G];
+  float sink_[G];  // the head's sink, first chunk only (sinks_)
+  bool sinks_ = false;
+  int64_t group_key_end_ = 0;  // the rows' last visible key + 1 (keys counted from the span)
+  int64_t padded_end_ = 0;     // group_key_end_ rounded up to whole vectors
   float sum_[G];
   float out_factor_[G];
   float* scores_[G];
@@ -681,9 +762,10 @@ void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, 
     queries[r] = across ? 0 : q0 + r;
   }
   // Rows of different batch indices still share K and V when those are broadcast over the
-  // batch dimensions that differ (stride 0: multi-query attention).
+  // batch dimensions that differ (stride 0: multi-query attention); rows of one batch index
+  // share its tile.
   bool shared = true;
-  for (int r = 1; r < G; ++r) {
+  for (int r = 1; across && r < G; ++r) {
     shared = shared && tiles[r]->key == tiles[0]->key && tiles[r]->value == tiles[0]->value &&
              tiles[r]->key_stored == tiles[0]->key_stored &&
              tiles[r]->value_stored == tiles[0]->value_stored &&

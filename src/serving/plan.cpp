@@ -1,11 +1,13 @@
 // plan.cpp: prepared attention calls (attend/plan.hpp). The plan keeps the SdpaParams the
-// unprepared call would build and the kernel it would choose; run() checks the layouts,
-// swaps the data pointers in and runs that kernel.
+// unprepared call would build, the kernel it would choose and what its layouts fix (the bytes
+// each view spans, the options' tensors' ranges); run() checks the layouts, swaps the data
+// pointers in and runs that kernel.
 #include "attend/plan.hpp"
 
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "attend/error.hpp"
 #include "grouped_query.hpp"
@@ -22,8 +24,16 @@ struct AttentionPlan::State {
   TensorView query, key, value, output;  // planned layouts
   detail::Problem problem;
   detail::KernelInputs inputs;  // converted copies of the options' tensors
-  detail::SdpaParams params;    // planned (split per call for grouped-query attention)
+  // Planned; grouped-query attention's view (split_kv_heads) taken once when Lk is fixed
+  // (split_planned), else per call.
+  detail::SdpaParams params;
+  bool split_planned = false;
   detail::KernelRun kernel = nullptr;
+  // Bytes each planned view spans (detail::byte_extent; key and value: with a fixed Lk only),
+  // and the byte ranges of the options' tensors: the overlap checks of run() without
+  // walking shapes.
+  int64_t query_bytes = 0, key_bytes = 0, value_bytes = 0, output_bytes = 0;
+  std::vector<detail::ByteRange> option_ranges;
 };
 
 namespace {
@@ -39,11 +49,13 @@ bool plain_float(const TensorView& t) {
               " with strides " + planned.strides.str());
 }
 
-void check_planned(const char* name, const TensorView& got, const TensorView& planned) {
+// `got` has the planned layout (whose views span planned_bytes, nonzero unless empty).
+void check_planned(const char* name, const TensorView& got, const TensorView& planned,
+                   int64_t planned_bytes) {
   if (got.dtype != planned.dtype || got.shape != planned.shape || got.strides != planned.strides) {
     layout_error(name, got, planned);
   }
-  if (got.data == nullptr && got.numel() > 0) {
+  if (got.data == nullptr && planned_bytes > 0) {
     throw Error(std::string("AttentionPlan::run: ") + name + ": data pointer is null");
   }
 }
@@ -85,6 +97,14 @@ AttentionPlan::AttentionPlan(const TensorView& query, const TensorView& key,
         "(mask, bias and segment ids have one)");
   }
   s.query = query, s.key = key, s.value = value, s.output = output;
+  s.query_bytes = detail::byte_extent(query);
+  s.key_bytes = detail::byte_extent(key);
+  s.value_bytes = detail::byte_extent(value);
+  s.output_bytes = detail::byte_extent(output);
+  for (const auto* t : {&s.options.mask, &s.options.bias, &s.options.alibi_slopes, &s.options.sinks,
+                        &s.options.segment_ids_query, &s.options.segment_ids_key}) {
+    if (t->has_value()) s.option_ranges.push_back(detail::byte_range(**t));
+  }
   s.fast = plain_float(query) && plain_float(key) && plain_float(value) && plain_float(output);
   if (!s.fast) return;
   s.params = detail::make_params(query, key, value, s.problem, s.options, s.inputs);
@@ -103,9 +123,14 @@ AttentionPlan::AttentionPlan(const TensorView& query, const TensorView& key,
   // Pointers of the planning views are not kept: run() sets every one.
   s.params.query = s.params.key = s.params.value = nullptr;
   s.params.output = nullptr;
-  s.kernel = detail::chosen_kernel_run(
-      s.problem.kv_group > 1 ? detail::split_kv_heads(s.params, s.problem.kv_group) : s.params,
-      options.backend);
+  if (s.problem.kv_group > 1 && !variable_key_length) {
+    s.params = detail::split_kv_heads(s.params, s.problem.kv_group);
+    s.split_planned = true;
+  }
+  s.kernel = detail::chosen_kernel_run(s.problem.kv_group > 1 && !s.split_planned
+                                           ? detail::split_kv_heads(s.params, s.problem.kv_group)
+                                           : s.params,
+                                       options.backend);
 }
 
 AttentionPlan::AttentionPlan(AttentionPlan&&) noexcept = default;
@@ -118,7 +143,7 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
                         const TensorView& output, const TensorView* logsumexp) const {
   if (!state_) throw Error("AttentionPlan::run: the plan was moved from");
   const State& s = *state_;
-  check_planned("query", query, s.query);
+  check_planned("query", query, s.query, s.query_bytes);
   if (s.variable_key_length) {
     check_key_like("key", key, s.key);
     check_key_like("value", value, s.value);
@@ -133,10 +158,10 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
                   " is beyond Lk = " + std::to_string(lk));
     }
   } else {
-    check_planned("key", key, s.key);
-    check_planned("value", value, s.value);
+    check_planned("key", key, s.key, s.key_bytes);
+    check_planned("value", value, s.value, s.value_bytes);
   }
-  check_planned("output", output, s.output);
+  check_planned("output", output, s.output, s.output_bytes);
   if (logsumexp) {
     if (!s.options.need_logsumexp) {
       throw Error(
@@ -145,18 +170,23 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
     }
     detail::check_logsumexp("logsumexp", *logsumexp, s.problem.scores_shape);
   }
-  for (const TensorView* input : {&query, &key, &value}) {
-    if (detail::overlaps(output, *input) || (logsumexp && detail::overlaps(*logsumexp, *input))) {
+  const detail::ByteRange out = detail::byte_range(output.data, s.output_bytes);
+  const detail::ByteRange lse = logsumexp ? detail::byte_range(*logsumexp) : detail::ByteRange{};
+  const detail::ByteRange inputs[] = {
+      detail::byte_range(query.data, s.query_bytes),
+      s.variable_key_length ? detail::byte_range(key) : detail::byte_range(key.data, s.key_bytes),
+      s.variable_key_length ? detail::byte_range(value)
+                            : detail::byte_range(value.data, s.value_bytes)};
+  for (const detail::ByteRange& input : inputs) {
+    if (detail::ranges_overlap(out, input) || detail::ranges_overlap(lse, input)) {
       throw Error("AttentionPlan::run: an output overlaps the memory of an input");
     }
   }
-  if (logsumexp && detail::overlaps(*logsumexp, output)) {
+  if (detail::ranges_overlap(lse, out)) {
     throw Error("AttentionPlan::run: logsumexp overlaps the memory of output");
   }
-  for (const auto* t : {&s.options.mask, &s.options.bias, &s.options.alibi_slopes, &s.options.sinks,
-                        &s.options.segment_ids_query, &s.options.segment_ids_key}) {
-    if (t->has_value() &&
-        (detail::overlaps(output, **t) || (logsumexp && detail::overlaps(*logsumexp, **t)))) {
+  for (const detail::ByteRange& t : s.option_ranges) {
+    if (detail::ranges_overlap(out, t) || detail::ranges_overlap(lse, t)) {
       throw Error("AttentionPlan::run: an output overlaps the memory of an option's tensor");
     }
   }
@@ -176,6 +206,9 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
   if (logsumexp) {
     p.logsumexp = logsumexp->data_as<float>();
     p.logsumexp_strides = detail::row_vector_strides(*logsumexp);
+    if (s.split_planned) {
+      p.logsumexp_strides = detail::split_query_heads(p.logsumexp_strides, s.problem.kv_group);
+    }
   }
   if (s.variable_key_length) {
     TensorView k = key, v = value;
@@ -189,7 +222,9 @@ void AttentionPlan::run(const TensorView& query, const TensorView& key, const Te
     }
   }
   if (p.batch * p.query_len == 0) return;
-  if (s.problem.kv_group > 1) return s.kernel(detail::split_kv_heads(p, s.problem.kv_group));
+  if (s.problem.kv_group > 1 && !s.split_planned) {
+    return s.kernel(detail::split_kv_heads(p, s.problem.kv_group));
+  }
   s.kernel(p);
 }
 

@@ -1,4 +1,4 @@
-// ragged.cpp: helpers of ragged batches shared by varlen.cpp and kv_cache.cpp.
+// ragged.cpp: helpers of ragged batches shared by varlen.cpp and paged_attention.cpp.
 #include "serving/ragged.hpp"
 
 #include <string>

@@ -1,4 +1,4 @@
-// ragged.hpp: what ragged batches (varlen.cpp) and the paged cache (kv_cache.cpp) share:
+// ragged.hpp: what ragged batches (varlen.cpp) and paged attention (paged_attention.cpp) share:
 // the sequences of a batch and how they are spread over threads.
 #pragma once
 

@@ -35,7 +35,7 @@ struct ServeBenchArguments {
   std::string output_max_text = "128";
   std::string seed_text = "1";
   std::string threads_text;
-  std::string step_tokens_text = "256";
+  std::string step_tokens_text = "128";
   support::ProgressChoice progress;
 };
 
@@ -234,7 +234,7 @@ Command add_serve_bench_command(CLI::App& app) {
       ->type_name("INT");
   command
       ->add_option("--step-tokens", arguments->step_tokens_text,
-                   "new tokens per step: decodes, then prompt chunks (default 256)")
+                   "new tokens per step: decodes, then prompt chunks (default 128)")
       ->type_name("INT");
   add_threads_option(*command, arguments->threads_text, "all");
   support::add_progress_options(*command, arguments->progress, "no progress bar");
