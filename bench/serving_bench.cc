@@ -20,8 +20,10 @@
 #include "attend/tensor.hpp"
 #include "attend/varlen.hpp"
 #include "bench/read_bandwidth.hpp"
+#include "boundary/operands.hpp"
+#include "boundary/validation.hpp"
+#include "boundary/views.hpp"
 #include "kernels/kernel_list.hpp"
-#include "sdpa_boundary.hpp"
 
 namespace {
 

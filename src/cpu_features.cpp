@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attend/runtime.hpp"
 #include "kernels/isa/f16_build.hpp"
 #include "simd_dispatch.hpp"
 

@@ -1,9 +1,11 @@
 // cpu_features.hpp: the reduced-precision instructions of this CPU (read once from cpuid and
 // the OS's enabled register state) and whether attend's dispatch may use them now. What a
-// call computes with them is the boundary's choice (wants_bf16_products, sdpa_boundary.hpp).
+// call computes with them is the boundary's choice (wants_bf16_products, boundary/operands.hpp).
 #pragma once
 
-#include "attend/runtime.hpp"
+namespace attend {
+struct PrecisionSupport;  // attend/runtime.hpp (an API header: the kernels include this one)
+}  // namespace attend
 
 namespace attend::detail {
 

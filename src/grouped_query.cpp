@@ -4,7 +4,7 @@
 #include <string>
 
 #include "attend/error.hpp"
-#include "sdpa_boundary.hpp"
+#include "boundary/views.hpp"
 
 namespace attend::detail {
 

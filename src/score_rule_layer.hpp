@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "attend/score_mod.hpp"
-#include "attend/sdpa.hpp"
+#include "attend/score_rules.hpp"
 #include "sdpa_params.hpp"
 
 namespace attend::detail {

@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "attend/error.hpp"
+#include "boundary/views.hpp"
 
 namespace attend {
 

@@ -5,9 +5,9 @@
 #include <optional>
 #include <vector>
 
-#include "attend/sdpa.hpp"
+#include "attend/attention_options.hpp"
 #include "attend/tensor.hpp"
-#include "sdpa_boundary.hpp"
+#include "boundary/operands.hpp"
 #include "sdpa_params.hpp"
 
 namespace attend::detail {

@@ -8,9 +8,11 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "boundary/operands.hpp"
+#include "boundary/validation.hpp"
+#include "boundary/views.hpp"
 #include "grouped_query.hpp"
 #include "kernels/kernel_list.hpp"
-#include "sdpa_boundary.hpp"
 #include "sdpa_params.hpp"
 
 namespace attend {

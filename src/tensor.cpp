@@ -7,77 +7,27 @@
 #include <utility>
 
 #include "attend/error.hpp"
-#include "checked_math.hpp"
 #include "convert_rows.hpp"
+#include "dtype_table.hpp"
 #include "float8.hpp"
 #include "half.hpp"
 
 namespace attend {
 
 size_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat64:
-    case DType::kInt64:
-    case DType::kUInt64:
-      return 8;
-    case DType::kFloat32:
-    case DType::kInt32:
-    case DType::kUInt32:
-      return 4;
-    case DType::kFloat16:
-    case DType::kBFloat16:
-    case DType::kInt16:
-    case DType::kUInt16:
-      return 2;
-    case DType::kBool:
-    case DType::kInt8:
-    case DType::kUInt8:
-    case DType::kFloat8E4M3:
-    case DType::kFloat8E5M2:
-      return 1;
-  }
-  return 1;
+  return detail::visit_dtype(dtype,
+                             [](auto row) { return sizeof(typename decltype(row)::Storage); });
 }
 
 const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "float32";
-    case DType::kFloat16:
-      return "float16";
-    case DType::kBFloat16:
-      return "bfloat16";
-    case DType::kFloat64:
-      return "float64";
-    case DType::kBool:
-      return "bool";
-    case DType::kInt8:
-      return "int8";
-    case DType::kInt16:
-      return "int16";
-    case DType::kInt32:
-      return "int32";
-    case DType::kInt64:
-      return "int64";
-    case DType::kUInt8:
-      return "uint8";
-    case DType::kUInt16:
-      return "uint16";
-    case DType::kUInt32:
-      return "uint32";
-    case DType::kUInt64:
-      return "uint64";
-    case DType::kFloat8E4M3:
-      return "float8_e4m3";
-    case DType::kFloat8E5M2:
-      return "float8_e5m2";
-  }
-  return "unknown";
+  if (static_cast<uint8_t>(dtype) > static_cast<uint8_t>(DType::kFloat8E5M2)) return "unknown";
+  return detail::visit_dtype(dtype, [](auto row) { return row.name; });
 }
 
 bool is_floating(DType dtype) {
-  return dtype == DType::kFloat32 || dtype == DType::kFloat16 || dtype == DType::kBFloat16 ||
-         dtype == DType::kFloat64 || dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2;
+  using detail::DTypeKind;
+  const DTypeKind kind = detail::visit_dtype(dtype, [](auto row) { return row.kind; });
+  return kind == DTypeKind::kFloat || kind == DTypeKind::kBFloat || kind == DTypeKind::kFloat8;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -185,9 +135,13 @@ void* allocate_aligned(size_t nbytes, const Shape& shape, DType dtype) {
 }  // namespace
 
 Tensor::Tensor(DType dtype, const Shape& shape) : dtype_(dtype), shape_(shape) {
-  const int64_t n = shape.numel();
-  nbytes_ = static_cast<size_t>(
-      detail::checked_mul(n, static_cast<int64_t>(dtype_size(dtype)), "tensor byte size"));
+  const int64_t n = shape.numel();  // >= 0; throws on overflow
+  const auto size = static_cast<int64_t>(dtype_size(dtype));
+  int64_t bytes;
+  if (__builtin_mul_overflow(n, size, &bytes)) {
+    throw Error("tensor byte size overflows: " + std::to_string(n) + " * " + std::to_string(size));
+  }
+  nbytes_ = static_cast<size_t>(bytes);
   data_ = allocate_aligned(nbytes_, shape, dtype);
 }
 
@@ -236,89 +190,17 @@ TensorView Tensor::view() const { return TensorView(data_, dtype_, shape_); }
 namespace {
 
 double load_as_double(const void* p, DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return *static_cast<const float*>(p);
-    case DType::kFloat16:
-      return detail::f32_from_f16(*static_cast<const uint16_t*>(p));
-    case DType::kBFloat16:
-      return detail::f32_from_bf16(*static_cast<const uint16_t*>(p));
-    case DType::kFloat64:
-      return *static_cast<const double*>(p);
-    case DType::kBool:
-      return *static_cast<const uint8_t*>(p) != 0 ? 1.0 : 0.0;
-    case DType::kInt8:
-      return *static_cast<const int8_t*>(p);
-    case DType::kInt16:
-      return *static_cast<const int16_t*>(p);
-    case DType::kInt32:
-      return *static_cast<const int32_t*>(p);
-    case DType::kInt64:
-      return static_cast<double>(*static_cast<const int64_t*>(p));
-    case DType::kUInt8:
-      return *static_cast<const uint8_t*>(p);
-    case DType::kUInt16:
-      return *static_cast<const uint16_t*>(p);
-    case DType::kUInt32:
-      return *static_cast<const uint32_t*>(p);
-    case DType::kUInt64:
-      return static_cast<double>(*static_cast<const uint64_t*>(p));
-    case DType::kFloat8E4M3:
-      return detail::f32_from_e4m3(*static_cast<const uint8_t*>(p));
-    case DType::kFloat8E5M2:
-      return detail::f32_from_e5m2(*static_cast<const uint8_t*>(p));
-  }
-  return 0;
+  return detail::visit_dtype(dtype, [p](auto row) {
+    using Row = decltype(row);
+    return Row::to_double(*static_cast<const typename Row::Storage*>(p));
+  });
 }
 
 void store_from_double(void* p, DType dtype, double value) {
-  switch (dtype) {
-    case DType::kFloat32:
-      *static_cast<float*>(p) = static_cast<float>(value);
-      return;
-    case DType::kFloat16:
-      *static_cast<uint16_t*>(p) = detail::f16_from_f32(static_cast<float>(value));
-      return;
-    case DType::kBFloat16:
-      *static_cast<uint16_t*>(p) = detail::bf16_from_f32(static_cast<float>(value));
-      return;
-    case DType::kFloat64:
-      *static_cast<double*>(p) = value;
-      return;
-    case DType::kBool:
-      *static_cast<uint8_t*>(p) = value != 0;
-      return;
-    case DType::kInt8:
-      *static_cast<int8_t*>(p) = static_cast<int8_t>(value);
-      return;
-    case DType::kInt16:
-      *static_cast<int16_t*>(p) = static_cast<int16_t>(value);
-      return;
-    case DType::kInt32:
-      *static_cast<int32_t*>(p) = static_cast<int32_t>(value);
-      return;
-    case DType::kInt64:
-      *static_cast<int64_t*>(p) = static_cast<int64_t>(value);
-      return;
-    case DType::kUInt8:
-      *static_cast<uint8_t*>(p) = static_cast<uint8_t>(value);
-      return;
-    case DType::kUInt16:
-      *static_cast<uint16_t*>(p) = static_cast<uint16_t>(value);
-      return;
-    case DType::kUInt32:
-      *static_cast<uint32_t*>(p) = static_cast<uint32_t>(value);
-      return;
-    case DType::kUInt64:
-      *static_cast<uint64_t*>(p) = static_cast<uint64_t>(value);
-      return;
-    case DType::kFloat8E4M3:
-      *static_cast<uint8_t*>(p) = detail::e4m3_from_f32(static_cast<float>(value));
-      return;
-    case DType::kFloat8E5M2:
-      *static_cast<uint8_t*>(p) = detail::e5m2_from_f32(static_cast<float>(value));
-      return;
-  }
+  detail::visit_dtype(dtype, [p, value](auto row) {
+    using Row = decltype(row);
+    *static_cast<typename Row::Storage*>(p) = Row::from_double(value);
+  });
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // attend/attend.hpp: everything public in one include.
 #pragma once
 
+#include "attend/attention_options.hpp"
 #include "attend/error.hpp"
 #include "attend/kv_cache.hpp"
 #include "attend/multihead.hpp"

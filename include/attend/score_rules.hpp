@@ -40,6 +40,10 @@ enum class CausalAlignment : uint8_t {
   kTopLeft,
 };
 
+// The value of step 6: a score where its key is excluded, as `masked_fill(mask == 0, -1e9)` in
+// the listing.
+inline constexpr float kExcludedScore = -1e9f;
+
 // A side of a sliding window that is not bounded.
 inline constexpr int64_t kUnboundedWindow = -1;
 

@@ -60,7 +60,7 @@ def scaled_dot_product_attention(
 
 
 def sdpa(query: Array, key: Array, value: Array, mask: Optional[Array], bias: Optional[Array],
-         rules: Optional[tuple], scale: Optional[float], dropout: float, seed: int, flags: int,
+         rules: Optional[Any], scale: Optional[float], dropout: float, seed: int, flags: int,
          num_threads: int, out: Optional[Array]) -> Any:
     """The call under scaled_dot_product_attention: output, or (output, weights or None,
     logsumexp or None) with FLAG_NEED_WEIGHTS / FLAG_NEED_LOGSUMEXP, or NotImplemented with
@@ -69,7 +69,7 @@ def sdpa(query: Array, key: Array, value: Array, mask: Optional[Array], bias: Op
 
 def sdpa_backward(grad_output: Array, query: Array, key: Array, value: Array, output: Array,
                   logsumexp: Array, mask: Optional[Array], bias: Optional[Array],
-                  rules: Optional[tuple], scale: Optional[float], dropout: float, seed: int,
+                  rules: Optional[Any], scale: Optional[float], dropout: float, seed: int,
                   flags: int, num_threads: int, want_bias: bool, want_sinks: bool
                   ) -> Tuple[Array, Array, Array, Optional[Array], Optional[Array]]:
     """(d_query, d_key, d_value, d_bias or None, d_sinks or None), shapes of the inputs."""

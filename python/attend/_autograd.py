@@ -46,14 +46,14 @@ class _Attention(torch.autograd.Function):
 def _with_sinks(rules, sinks):
     if sinks is None:
         return rules
-    return rules[:3] + (sinks,) + rules[4:]
+    return rules._replace(sinks=sinks)
 
 
 def sdpa(query, key, value, mask, bias, rules, sinks, scale, dropout, seed, flags,
          num_threads):
     """attend._attend.sdpa as a differentiable function: (output, weights or None)."""
     if rules is not None and sinks is not None:
-        rules = rules[:3] + (None,) + rules[4:]  # sinks travel as an input, for their gradient
+        rules = rules._replace(sinks=None)  # sinks travel as an input, for their gradient
     config = (mask, rules, scale, dropout, seed, flags, num_threads)
     return _Attention.apply(config, query, key, value, bias, sinks)
 

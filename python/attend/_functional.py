@@ -4,6 +4,7 @@ which reads every array in place and releases the GIL while it computes; with to
 that require grad the call goes through attend._autograd instead."""
 
 import sys
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -90,8 +91,21 @@ def _segment_ids(segment_ids):
     return segment_ids, segment_ids
 
 
+class ScoreRules(NamedTuple):
+    """The score rules of one call, as attend._attend.sdpa and sdpa_backward read them: by
+    name, so that a new rule is a new field, never a shifted index."""
+    window_left: Optional[int] = None   # None: unbounded (both None: no window)
+    window_right: Optional[int] = None
+    alibi: Any = None                   # None, True (default slopes) or (H) slopes
+    sinks: Any = None                   # (H) or None
+    segment_ids_query: Any = None
+    segment_ids_key: Any = None
+    prefix: int = 0
+    softcap: Optional[float] = None
+
+
 def _rules(window, alibi, softcap, sinks, segment_ids, prefix):
-    """The tuple attend._attend.sdpa reads for the score rules, or None when there are none."""
+    """The ScoreRules attend._attend.sdpa reads, or None when there are none."""
     if alibi is False:
         alibi = None
     if window is None and alibi is None and softcap is None and sinks is None and \
@@ -99,7 +113,9 @@ def _rules(window, alibi, softcap, sinks, segment_ids, prefix):
         return None
     left, right = _window(window)
     segment_query, segment_key = _segment_ids(segment_ids)
-    return (left, right, alibi, sinks, segment_query, segment_key, int(prefix), softcap)
+    return ScoreRules(window_left=left, window_right=right, alibi=alibi, sinks=sinks,
+                      segment_ids_query=segment_query, segment_ids_key=segment_key,
+                      prefix=int(prefix), softcap=softcap)
 
 
 def _call(query, key, value, mask, bias, rules, sinks, scale, dropout, seed, flags,

@@ -6,16 +6,20 @@
 
 #include <array>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "dlpack.hpp"
+#include "dtype_table.hpp"
 
 namespace attend_python {
 namespace {
 
 using attend::DType;
 using attend::Shape;
+using attend::detail::dtype_of_kind;
+using attend::detail::DTypeKind;
 
 std::string type_name(py::handle object) { return Py_TYPE(object.ptr())->tp_name; }
 
@@ -97,54 +101,18 @@ DType dtype_of_format(const char* format, Py_ssize_t itemsize, const char* name)
     throw ArgumentTypeError(std::string(name) + ": big-endian data (format '" + format +
                             "') is not supported");
   }
-  if (f[0] != '\0' && f[1] == '\0') {
-    const auto sized = [&](DType d) {
-      if (static_cast<Py_ssize_t>(attend::dtype_size(d)) != itemsize) return false;
-      return true;
-    };
-    const auto integer = [&](bool is_signed) -> std::optional<DType> {
-      switch (itemsize) {
-        case 1:
-          return is_signed ? DType::kInt8 : DType::kUInt8;
-        case 2:
-          return is_signed ? DType::kInt16 : DType::kUInt16;
-        case 4:
-          return is_signed ? DType::kInt32 : DType::kUInt32;
-        case 8:
-          return is_signed ? DType::kInt64 : DType::kUInt64;
-      }
-      return std::nullopt;
-    };
-    std::optional<DType> d;
-    switch (f[0]) {
-      case 'f':
-        d = DType::kFloat32;
-        break;
-      case 'd':
-        d = DType::kFloat64;
-        break;
-      case 'e':
-        d = DType::kFloat16;
-        break;
-      case '?':
-        d = DType::kBool;
-        break;
-      case 'b':
-      case 'h':
-      case 'i':
-      case 'l':
-      case 'q':
-        d = integer(true);
-        break;
-      case 'B':
-      case 'H':
-      case 'I':
-      case 'L':
-      case 'Q':
-        d = integer(false);
-        break;
-    }
-    if (d && sized(*d)) return *d;
+  if (f[0] != '\0' && f[1] == '\0' && itemsize > 0) {
+    // The format's kind; its size is the buffer's itemsize ('l' is 4 or 8 bytes).
+    std::optional<DTypeKind> kind;
+    if (std::strchr("fde", f[0])) kind = DTypeKind::kFloat;
+    if (f[0] == '?') kind = DTypeKind::kBool;
+    if (std::strchr("bhilq", f[0])) kind = DTypeKind::kInt;
+    if (std::strchr("BHILQ", f[0])) kind = DTypeKind::kUInt;
+    const std::optional<DType> d =
+        kind ? dtype_of_kind(*kind, static_cast<size_t>(itemsize)) : std::nullopt;
+    // 'f' is float32, 'd' float64 and 'e' float16 whatever the itemsize says.
+    const size_t format_size = f[0] == 'f' ? 4 : f[0] == 'd' ? 8 : f[0] == 'e' ? 2 : 0;
+    if (d && (format_size == 0 || format_size == static_cast<size_t>(itemsize))) return *d;
   }
   throw ArgumentTypeError(std::string(name) + ": dtype with buffer format '" + format + "' (" +
                           std::to_string(itemsize) +
@@ -153,28 +121,15 @@ DType dtype_of_format(const char* format, Py_ssize_t itemsize, const char* name)
 }
 
 DType dtype_of_dlpack(const DLDataType& t, const char* name) {
-  if (t.lanes == 1) {
-    switch (t.code) {
-      case kDLFloat:
-        if (t.bits == 32) return DType::kFloat32;
-        if (t.bits == 16) return DType::kFloat16;
-        if (t.bits == 64) return DType::kFloat64;
-        break;
-      case kDLBfloat:
-        if (t.bits == 16) return DType::kBFloat16;
-        break;
-      case kDLBool:
-        if (t.bits == 8) return DType::kBool;
-        break;
-      case kDLInt:
-      case kDLUInt: {
-        const bool s = t.code == kDLInt;
-        if (t.bits == 8) return s ? DType::kInt8 : DType::kUInt8;
-        if (t.bits == 16) return s ? DType::kInt16 : DType::kUInt16;
-        if (t.bits == 32) return s ? DType::kInt32 : DType::kUInt32;
-        if (t.bits == 64) return s ? DType::kInt64 : DType::kUInt64;
-        break;
-      }
+  if (t.lanes == 1 && t.bits % 8 == 0) {
+    std::optional<DTypeKind> kind;
+    if (t.code == kDLFloat) kind = DTypeKind::kFloat;
+    if (t.code == kDLBfloat) kind = DTypeKind::kBFloat;
+    if (t.code == kDLBool) kind = DTypeKind::kBool;
+    if (t.code == kDLInt) kind = DTypeKind::kInt;
+    if (t.code == kDLUInt) kind = DTypeKind::kUInt;
+    if (kind) {
+      if (const std::optional<DType> d = dtype_of_kind(*kind, t.bits / 8u)) return *d;
     }
   }
   throw ArgumentTypeError(std::string(name) + ": DLPack dtype (code " + std::to_string(t.code) +
@@ -319,17 +274,12 @@ void delete_unconsumed_capsule(PyObject* capsule) {
 }
 
 DLDataType dlpack_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return {kDLFloat, 32, 1};
-    case DType::kFloat16:
-      return {kDLFloat, 16, 1};
-    case DType::kBFloat16:
-      return {kDLBfloat, 16, 1};
-    case DType::kFloat64:
-      return {kDLFloat, 64, 1};
-    default:
-      break;
+  const auto [kind, bytes] = attend::detail::visit_dtype(dtype, [](auto row) {
+    return std::pair{row.kind, sizeof(typename decltype(row)::Storage)};
+  });
+  if (kind == DTypeKind::kFloat || kind == DTypeKind::kBFloat) {
+    return {static_cast<uint8_t>(kind == DTypeKind::kFloat ? kDLFloat : kDLBfloat),
+            static_cast<uint8_t>(8 * bytes), 1};
   }
   throw attend::Error(std::string("results of dtype ") + attend::dtype_name(dtype) +
                       " cannot be returned");

@@ -8,12 +8,10 @@
 // the results come back as the query's kind.
 //
 // enable_gqa (grouped-query attention): query (..., Hq, Lq, E), key and value (..., Hkv, Lk, ·),
-// Hq = G·Hkv, query head h reading key/value head h / G (as repeat_interleave(G, dim=-3)).
-// attend has no such option, so the call is regrouped without copying:
-//   query   (..., Hq, Lq, E)   viewed as (..., Hkv, G, Lq, E)
-//   key     (..., Hkv, Lk, E)  viewed as (..., Hkv, G, Lk, E), stride 0 along G
-//   mask, bias, segment ids, outputs: their head axis split the same way
-// The gradient of key and value is computed per (Hkv, G) and summed over G.
+// Hq = G·Hkv, query head h reading key/value head h / G (as repeat_interleave(G, dim=-3)):
+// attend's own grouped-query attention (AttentionOptions::num_kv_heads = Hkv), which reads K
+// and V in place, takes every score rule (ALiBi and sinks per query head) and sums the
+// gradients of K and V over each group in float64, in a fixed order.
 #include <pybind11/pybind11.h>
 
 #include <optional>
@@ -55,75 +53,24 @@ enum Flag : int {
   kComputeBFloat16 = 1 << 11,
 };
 
-// Query heads per key/value head, for enable_gqa.
-struct Grouping {
-  int64_t groups = 1;  // G; 1 without enable_gqa
-  int64_t query_heads = 0, kv_heads = 0;
-  bool active() const { return groups > 1; }
-};
-
-// `t` with its head axis (`axis_from_end` counted from the last, 0) split into (H / G, G),
-// for a view broadcast to (..., Hq, ...). `shared` (key and value): the axis holds Hkv heads
-// and G repeats each with stride 0. A view without that axis, or of size 1 along it, is
-// broadcast over both new axes.
-TensorView split_heads(const TensorView& t, int axis_from_end, const Grouping& g, bool shared,
-                       const char* name) {
-  const int axis = t.rank() - 1 - axis_from_end;
-  if (axis < 0) return t;
-  const int64_t heads = t.shape[axis], stride = t.strides[axis];
-  const int64_t expected = shared ? g.kv_heads : g.query_heads;
-  Shape shape, strides;
-  for (int d = 0; d < t.rank(); ++d) {
-    if (d != axis) {
-      shape.push_back(t.shape[d]);
-      strides.push_back(t.strides[d]);
-    } else if (heads == expected) {
-      shape.push_back(g.kv_heads), strides.push_back(shared ? stride : g.groups * stride);
-      shape.push_back(g.groups), strides.push_back(shared ? 0 : stride);
-    } else if (heads == 1) {
-      shape.push_back(1), strides.push_back(0);
-      shape.push_back(1), strides.push_back(0);
-    } else {
-      throw attend::Error(std::string(name) + ": shape " + t.shape.str() + " has " +
-                          std::to_string(heads) + " in the head dimension, expected " +
-                          std::to_string(expected) + " or 1 (enable_gqa)");
-    }
-  }
-  return TensorView(t.data, t.dtype, shape, strides);
-}
-
-Grouping grouping_of(const TensorView& q, const TensorView& k, const TensorView& v,
-                     const attend::AttentionOptions& options) {
-  Grouping g;
+// The key/value heads of an enable_gqa call (Hkv), after PyTorch's checks of the shapes.
+int64_t kv_heads_of(const TensorView& q, const TensorView& k, const TensorView& v) {
   if (q.rank() < 3 || k.rank() != q.rank() || v.rank() != q.rank()) {
     throw attend::Error("enable_gqa: query " + q.shape.str() + ", key " + k.shape.str() +
                         " and value " + v.shape.str() +
                         " need the same rank with a head dimension (..., H, L, E)");
   }
-  if (q.rank() > 5) {
-    throw attend::Error("enable_gqa: query " + q.shape.str() +
-                        " has more than 3 batch dimensions; attend regroups the heads into "
-                        "two, and holds at most 4");
-  }
-  g.query_heads = q.shape.back(2);
-  g.kv_heads = k.shape.back(2);
-  if (v.shape.back(2) != g.kv_heads) {
+  const int64_t query_heads = q.shape.back(2), kv_heads = k.shape.back(2);
+  if (v.shape.back(2) != kv_heads) {
     throw attend::Error("enable_gqa: key " + k.shape.str() + " and value " + v.shape.str() +
                         " differ in the number of heads");
   }
-  if (g.kv_heads == 0 || g.query_heads % g.kv_heads != 0) {
+  if (kv_heads == 0 || query_heads % kv_heads != 0) {
     throw attend::Error("enable_gqa: query " + q.shape.str() + " has " +
-                        std::to_string(g.query_heads) + " heads, not a multiple of the " +
-                        std::to_string(g.kv_heads) + " heads of key " + k.shape.str());
+                        std::to_string(query_heads) + " heads, not a multiple of the " +
+                        std::to_string(kv_heads) + " heads of key " + k.shape.str());
   }
-  g.groups = g.query_heads / g.kv_heads;
-  if (g.active() && (options.alibi || options.sinks)) {
-    throw attend::Error(
-        "enable_gqa with alibi or sinks is not supported: attend counts heads along its last "
-        "batch dimension, which the grouped view splits; pass key and value with one head per "
-        "query head instead");
-  }
-  return g;
+  return kv_heads;
 }
 
 // One call's borrowed arrays and its options.
@@ -131,8 +78,7 @@ struct Call {
   Borrowed query, key, value;
   std::optional<Borrowed> mask, bias, alibi_slopes, sinks, segment_query, segment_key;
   attend::AttentionOptions options;
-  Grouping grouping;
-  TensorView q, k, v;  // as attend sees them (regrouped for enable_gqa)
+  TensorView q, k, v;
   Kind kind() const { return query.kind; }
 };
 
@@ -141,35 +87,36 @@ std::optional<int64_t> optional_int(py::handle h) {
   return h.cast<int64_t>();
 }
 
-// rules: None, or the tuple (window_left, window_right, alibi, sinks, segment_ids_query,
-// segment_ids_key, prefix, softcap) built by attend/_functional.py: window sides None for
-// unbounded (both None: no window); alibi None, True or a (H) slopes array; softcap None or
-// a float.
+// rules: None, or attend._functional.ScoreRules, read by field name: window_left and
+// window_right (None for unbounded; both None: no window), alibi (None, True or a (H) slopes
+// array), sinks, segment_ids_query, segment_ids_key, prefix, softcap (None or a float).
 void parse_rules(Call& call, py::handle rules) {
   if (rules.is_none()) return;
-  const auto t = rules.cast<py::tuple>();
-  if (t.size() != 8) throw attend::Error("internal: rules must have 8 entries");
+  const auto field = [&](const char* name) { return rules.attr(name); };
   attend::AttentionOptions& o = call.options;
-  const std::optional<int64_t> left = optional_int(t[0]), right = optional_int(t[1]);
+  const std::optional<int64_t> left = optional_int(field("window_left")),
+                               right = optional_int(field("window_right"));
   if (left || right) {
     o.window = attend::SlidingWindow{left.value_or(attend::kUnboundedWindow),
                                      right.value_or(attend::kUnboundedWindow)};
   }
-  if (t[2].ptr() == Py_True) {
+  const py::object alibi = field("alibi");
+  if (alibi.ptr() == Py_True) {
     o.alibi = true;
-  } else if (!t[2].is_none()) {
-    call.alibi_slopes = borrow(t[2], "alibi_slopes");
+  } else if (!alibi.is_none()) {
+    call.alibi_slopes = borrow(alibi, "alibi_slopes");
     o.alibi = true;
     o.alibi_slopes = call.alibi_slopes->view;
   }
-  call.sinks = borrow_optional(t[3], "sinks");
+  call.sinks = borrow_optional(field("sinks"), "sinks");
   if (call.sinks) o.sinks = call.sinks->view;
-  call.segment_query = borrow_optional(t[4], "segment_ids (query)");
-  call.segment_key = borrow_optional(t[5], "segment_ids (key)");
+  call.segment_query = borrow_optional(field("segment_ids_query"), "segment_ids (query)");
+  call.segment_key = borrow_optional(field("segment_ids_key"), "segment_ids (key)");
   if (call.segment_query) o.segment_ids_query = call.segment_query->view;
   if (call.segment_key) o.segment_ids_key = call.segment_key->view;
-  o.prefix = t[6].cast<int64_t>();
-  if (!t[7].is_none()) o.softcap = t[7].cast<double>();
+  o.prefix = field("prefix").cast<int64_t>();
+  const py::object softcap = field("softcap");
+  if (!softcap.is_none()) o.softcap = softcap.cast<double>();
 }
 
 // PyTorch's attn_mask: whether it is additive (float: attend's bias) rather than a bool mask
@@ -226,21 +173,7 @@ Call parse_call(py::handle query, py::handle key, py::handle value, py::handle m
   call.k = call.key.view;
   call.v = call.value.view;
   if (flags & kGroupedQuery) {
-    call.grouping = grouping_of(call.q, call.k, call.v, o);
-    const Grouping& g = call.grouping;
-    if (g.active()) {
-      call.q = split_heads(call.q, 2, g, false, "query");
-      call.k = split_heads(call.k, 2, g, true, "key");
-      call.v = split_heads(call.v, 2, g, true, "value");
-      if (o.mask) o.mask = split_heads(*o.mask, 2, g, false, "mask");
-      if (o.bias) o.bias = split_heads(*o.bias, 2, g, false, "bias");
-      if (o.segment_ids_query) {
-        o.segment_ids_query = split_heads(*o.segment_ids_query, 1, g, false, "segment_ids");
-      }
-      if (o.segment_ids_key) {
-        o.segment_ids_key = split_heads(*o.segment_ids_key, 1, g, false, "segment_ids");
-      }
-    }
+    o.num_kv_heads = kv_heads_of(call.q, call.k, call.v);
   } else if (call.q.rank() >= 3) {
     // Without enable_gqa PyTorch refuses key/value heads that differ from the query's;
     // attend would infer grouped-query attention from such shapes: state the heads.
@@ -269,41 +202,6 @@ ResultShapes result_shapes(const Call& call) {
   return s;
 }
 
-// A contiguous view of `data` with `shape`, regrouped like the query for enable_gqa.
-TensorView result_view(void* data, DType dtype, const Shape& shape, int head_axis_from_end,
-                       const Grouping& g) {
-  const TensorView plain(data, dtype, shape);
-  return g.active() ? split_heads(plain, head_axis_from_end, g, false, "result") : plain;
-}
-
-// `t` (contiguous) summed over `axis` in index order, accumulating in float32, into a tensor
-// of t's dtype and `shape` (t's shape without that axis).
-Tensor sum_over_axis(const Tensor& t, int axis, const Shape& shape) {
-  std::optional<Tensor> converted;
-  const float* source = t.data_as<float>();
-  if (t.dtype() != DType::kFloat32) {
-    converted.emplace(DType::kFloat32, t.shape());
-    attend::convert(t.view(), converted->view());
-    source = converted->data_as<float>();
-  }
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < axis; ++d) outer *= t.shape()[d];
-  for (int d = axis + 1; d < t.shape().rank(); ++d) inner *= t.shape()[d];
-  const int64_t count = t.shape()[axis];
-  Tensor sum = Tensor::zeros(DType::kFloat32, shape);
-  float* target = sum.data_as<float>();
-  for (int64_t o = 0; o < outer; ++o) {
-    for (int64_t c = 0; c < count; ++c) {
-      const float* row = source + (o * count + c) * inner;
-      for (int64_t i = 0; i < inner; ++i) target[o * inner + i] += row[i];
-    }
-  }
-  if (t.dtype() == DType::kFloat32) return sum;
-  Tensor result(t.dtype(), shape);
-  attend::convert(sum.view(), result.view());
-  return result;
-}
-
 // Whether a torch input that autograd would differentiate (query, key, value, bias, sinks)
 // requires grad while grad mode is on.
 bool grad_needed(const Call& call) {
@@ -330,7 +228,6 @@ py::object sdpa(py::handle query, py::handle key, py::handle value, py::handle m
     return py::reinterpret_borrow<py::object>(Py_NotImplemented);
   }
   const ResultShapes shapes = result_shapes(call);
-  const Grouping& g = call.grouping;
   const Kind kind = call.kind();
   std::optional<Borrowed> out_view;
   Tensor output, weights, logsumexp;
@@ -340,18 +237,18 @@ py::object sdpa(py::handle query, py::handle key, py::handle value, py::handle m
     if (out_view->kind == Kind::kTorch && requires_grad(out)) {
       throw attend::Error("out: a tensor that requires grad cannot be written in place");
     }
-    views.output = g.active() ? split_heads(out_view->view, 2, g, false, "out") : out_view->view;
+    views.output = out_view->view;
   } else {
     output = Tensor(call.q.dtype, shapes.output);
-    views.output = result_view(output.data(), output.dtype(), shapes.output, 2, g);
+    views.output = output.view();
   }
   if (flags & kNeedWeights) {
     weights = Tensor(DType::kFloat32, shapes.weights);
-    views.weights = result_view(weights.data(), DType::kFloat32, shapes.weights, 2, g);
+    views.weights = weights.view();
   }
   if (flags & kNeedLogsumexp) {
     logsumexp = Tensor(DType::kFloat32, shapes.logsumexp);
-    views.logsumexp = result_view(logsumexp.data(), DType::kFloat32, shapes.logsumexp, 1, g);
+    views.logsumexp = logsumexp.view();
   }
   {
     py::gil_scoped_release release;
@@ -373,26 +270,18 @@ py::tuple sdpa_backward(py::handle grad_output, py::handle query, py::handle key
                         int flags, int num_threads, bool want_bias, bool want_sinks) {
   Call call =
       parse_call(query, key, value, mask, bias, rules, scale, dropout, seed, flags, num_threads);
-  const Grouping& g = call.grouping;
   const Kind kind = call.kind();
   Borrowed grad_output_view = borrow(grad_output, "grad_output");
   Borrowed output_view = borrow(output, "output");
   Borrowed logsumexp_view = borrow(logsumexp, "logsumexp");
-  TensorView d_o = grad_output_view.view, o = output_view.view, lse = logsumexp_view.view;
-  if (g.active()) {
-    d_o = split_heads(d_o, 2, g, false, "grad_output");
-    o = split_heads(o, 2, g, false, "output");
-    lse = split_heads(lse, 1, g, false, "logsumexp");
-  }
+  const TensorView &d_o = grad_output_view.view, &o = output_view.view,
+                   &lse = logsumexp_view.view;
 
-  // dK and dV per (Hkv, G) for enable_gqa (summed over G below), else in key's shape.
-  const TensorView &key_in = call.key.view, &value_in = call.value.view;
-  Tensor dq(call.q.dtype, call.query.view.shape);
-  Tensor dk(key_in.dtype, g.active() ? call.k.shape : key_in.shape);
-  Tensor dv(value_in.dtype, g.active() ? call.v.shape : value_in.shape);
+  Tensor dq(call.q.dtype, call.q.shape);
+  Tensor dk(call.k.dtype, call.k.shape);
+  Tensor dv(call.v.dtype, call.v.shape);
   Tensor dbias, dsinks;
-  attend::AttentionGradientViews views{
-      result_view(dq.data(), dq.dtype(), dq.shape(), 2, g), dk.view(), dv.view(), {}, {}};
+  attend::AttentionGradientViews views{dq.view(), dk.view(), dv.view(), {}, {}};
   if (want_bias && call.options.bias) {
     dbias = Tensor(call.options.bias->dtype, call.options.bias->shape);
     views.bias = dbias.view();
@@ -405,18 +294,9 @@ py::tuple sdpa_backward(py::handle grad_output, py::handle query, py::handle key
     py::gil_scoped_release release;
     attend::scaled_dot_product_attention_backward_into(d_o, call.q, call.k, call.v, o, lse, views,
                                                        call.options);
-    if (g.active()) {
-      dk = sum_over_axis(dk, dk.shape().rank() - 3, key_in.shape);
-      dv = sum_over_axis(dv, dv.shape().rank() - 3, value_in.shape);
-    }
   }
-  // dBias was computed for the (possibly regrouped) bias view: same elements in the same
-  // order as the caller's bias, so its shape is the caller's.
-  const std::optional<Shape> bias_shape =
-      call.bias ? std::optional<Shape>(call.bias->view.shape) : std::nullopt;
   return py::make_tuple(to_python(std::move(dq), kind), to_python(std::move(dk), kind),
-                        to_python(std::move(dv), kind),
-                        to_python_or_none(std::move(dbias), kind, bias_shape),
+                        to_python(std::move(dv), kind), to_python_or_none(std::move(dbias), kind),
                         to_python_or_none(std::move(dsinks), kind));
 }
 

@@ -146,8 +146,12 @@ def test_enable_gqa_numpy_and_bad_groups(generator):
     k4 = random(generator, 4, 5, 8).numpy()
     with pytest.raises(ValueError, match="not a multiple"):
         attend.scaled_dot_product_attention(q, k4, k4, enable_gqa=True)
-    with pytest.raises(ValueError, match="enable_gqa with alibi or sinks"):
-        attend.scaled_dot_product_attention(q, k, k, enable_gqa=True, alibi=True)
+    # ALiBi and sinks count the query's heads: the same as K and V repeated per query head.
+    k_full = np.repeat(k, 3, axis=0)  # query head h reads K/V head h // 3
+    for extra in (dict(alibi=True), dict(sinks=np.linspace(-1, 1, 6, dtype=np.float32))):
+        out = attend.scaled_dot_product_attention(q, k, k, enable_gqa=True, **extra)
+        expected = attend.scaled_dot_product_attention(q, k_full, k_full, **extra)
+        np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="batch dimension"):  # without enable_gqa
         attend.scaled_dot_product_attention(q, k, k)
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "dtype_table.hpp"
 #include "io/staged_file.hpp"
 #include "quote.hpp"
 
@@ -262,23 +263,14 @@ class HeaderParser {
         break;
     }
     const size_t item_size = size_text.size() > 2 ? 0 : std::stoul(size_text);
+    using detail::DTypeKind;
     std::optional<DType> dtype;
-    if (kind == 'f') {
-      if (item_size == 2) dtype = DType::kFloat16;
-      if (item_size == 4) dtype = DType::kFloat32;
-      if (item_size == 8) dtype = DType::kFloat64;
-    } else if (kind == 'b' && item_size == 1) {
-      dtype = DType::kBool;
-    } else if (kind == 'i') {
-      if (item_size == 1) dtype = DType::kInt8;
-      if (item_size == 2) dtype = DType::kInt16;
-      if (item_size == 4) dtype = DType::kInt32;
-      if (item_size == 8) dtype = DType::kInt64;
-    } else if (kind == 'u') {
-      if (item_size == 1) dtype = DType::kUInt8;
-      if (item_size == 2) dtype = DType::kUInt16;
-      if (item_size == 4) dtype = DType::kUInt32;
-      if (item_size == 8) dtype = DType::kUInt64;
+    if (kind == 'f' || kind == 'b' || kind == 'i' || kind == 'u') {
+      dtype = detail::dtype_of_kind(kind == 'f'   ? DTypeKind::kFloat
+                                    : kind == 'b' ? DTypeKind::kBool
+                                    : kind == 'i' ? DTypeKind::kInt
+                                                  : DTypeKind::kUInt,
+                                    item_size);
     }
     if (!dtype) {
       fail(name_,
@@ -409,36 +401,8 @@ Tensor read_stream(int fd, const std::string& name) {
 // Writing
 
 const char* descr_of(DType dtype, const std::string& name) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "<f4";
-    case DType::kFloat16:
-      return "<f2";
-    case DType::kFloat64:
-      return "<f8";
-    case DType::kBool:
-      return "|b1";
-    case DType::kInt8:
-      return "|i1";
-    case DType::kInt16:
-      return "<i2";
-    case DType::kInt32:
-      return "<i4";
-    case DType::kInt64:
-      return "<i8";
-    case DType::kUInt8:
-      return "|u1";
-    case DType::kUInt16:
-      return "<u2";
-    case DType::kUInt32:
-      return "<u4";
-    case DType::kUInt64:
-      return "<u8";
-    case DType::kBFloat16:
-    case DType::kFloat8E4M3:
-    case DType::kFloat8E5M2:
-      break;
-  }
+  const char* descr = detail::visit_dtype(dtype, [](auto row) { return row.npy_descr; });
+  if (descr != nullptr) return descr;
   fail(name, std::string("dtype ") + dtype_name(dtype) +
                  " has no .npy equivalent; convert it to float32 first");
 }

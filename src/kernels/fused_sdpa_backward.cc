@@ -33,7 +33,6 @@
 #include <type_traits>
 
 #include "attend/error.hpp"
-#include "attend/sdpa.hpp"
 #include "dropout.hpp"
 #include "half.hpp"
 #include "score_rule_layer.hpp"

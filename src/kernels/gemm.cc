@@ -58,90 +58,52 @@ void MicroKernel(const float* HWY_RESTRICT input, int64_t input_stride,
   const hn::ScalableTag<float> d;
   const size_t lanes = hn::Lanes(d);
   const int64_t panel_width = static_cast<int64_t>(2 * lanes);
-  const auto start0 = bias_panel ? hn::Load(d, bias_panel) : hn::Zero(d);
-  const auto start1 = bias_panel ? hn::Load(d, bias_panel + lanes) : hn::Zero(d);
-  auto acc00 = start0, acc01 = start1, acc10 = start0, acc11 = start1;
-  auto acc20 = start0, acc21 = start1, acc30 = start0, acc31 = start1;
-  auto acc40 = start0, acc41 = start1, acc50 = start0, acc51 = start1;
+  using VF = hn::Vec<decltype(d)>;
+  const VF start0 = bias_panel ? hn::Load(d, bias_panel) : hn::Zero(d);
+  const VF start1 = bias_panel ? hn::Load(d, bias_panel + lanes) : hn::Zero(d);
+  VF acc[kRows][2];  // row r, columns [0, lanes) and [lanes, 2·lanes) of the panel
+  for (int r = 0; r < kRows; ++r) {
+    acc[r][0] = start0;
+    acc[r][1] = start1;
+  }
 
   // A partial panel (the last one) goes through a staging buffer, in and out.
   HWY_ALIGN float staging[2 * HWY_MAX_BYTES / sizeof(float)] = {};
-  auto load_row = [&](int row, decltype(acc00)& first, decltype(acc00)& second) {
-    const float* out = output + row * output_stride;
-    if (valid_columns == panel_width) {
-      first = hn::LoadU(d, out);
-      second = hn::LoadU(d, out + lanes);
-      return;
-    }
-    std::memcpy(staging, out, static_cast<size_t>(valid_columns) * sizeof(float));
-    first = hn::Load(d, staging);
-    second = hn::Load(d, staging + lanes);
-  };
   if (accumulate) {
-    load_row(0, acc00, acc01);
-    if constexpr (kRows > 1) load_row(1, acc10, acc11);
-    if constexpr (kRows > 2) load_row(2, acc20, acc21);
-    if constexpr (kRows > 3) load_row(3, acc30, acc31);
-    if constexpr (kRows > 4) load_row(4, acc40, acc41);
-    if constexpr (kRows > 5) load_row(5, acc50, acc51);
+    for (int r = 0; r < kRows; ++r) {
+      const float* out = output + r * output_stride;
+      if (valid_columns == panel_width) {
+        acc[r][0] = hn::LoadU(d, out);
+        acc[r][1] = hn::LoadU(d, out + lanes);
+      } else {
+        std::memcpy(staging, out, static_cast<size_t>(valid_columns) * sizeof(float));
+        acc[r][0] = hn::Load(d, staging);
+        acc[r][1] = hn::Load(d, staging + lanes);
+      }
+    }
   }
-  const float* row0 = input;
-  const float* row1 = input + 1 * input_stride;
-  const float* row2 = input + 2 * input_stride;
-  const float* row3 = input + 3 * input_stride;
-  const float* row4 = input + 4 * input_stride;
-  const float* row5 = input + 5 * input_stride;
   for (int64_t k = 0; k < depth; ++k) {
     const float* panel_row = panel + k * panel_width;
-    const auto weight0 = hn::Load(d, panel_row);
-    const auto weight1 = hn::Load(d, panel_row + lanes);
-    auto a = hn::Set(d, row0[k]);
-    acc00 = hn::MulAdd(a, weight0, acc00);
-    acc01 = hn::MulAdd(a, weight1, acc01);
-    if constexpr (kRows > 1) {
-      a = hn::Set(d, row1[k]);
-      acc10 = hn::MulAdd(a, weight0, acc10);
-      acc11 = hn::MulAdd(a, weight1, acc11);
-    }
-    if constexpr (kRows > 2) {
-      a = hn::Set(d, row2[k]);
-      acc20 = hn::MulAdd(a, weight0, acc20);
-      acc21 = hn::MulAdd(a, weight1, acc21);
-    }
-    if constexpr (kRows > 3) {
-      a = hn::Set(d, row3[k]);
-      acc30 = hn::MulAdd(a, weight0, acc30);
-      acc31 = hn::MulAdd(a, weight1, acc31);
-    }
-    if constexpr (kRows > 4) {
-      a = hn::Set(d, row4[k]);
-      acc40 = hn::MulAdd(a, weight0, acc40);
-      acc41 = hn::MulAdd(a, weight1, acc41);
-    }
-    if constexpr (kRows > 5) {
-      a = hn::Set(d, row5[k]);
-      acc50 = hn::MulAdd(a, weight0, acc50);
-      acc51 = hn::MulAdd(a, weight1, acc51);
+    const VF weight0 = hn::Load(d, panel_row);
+    const VF weight1 = hn::Load(d, panel_row + lanes);
+    for (int r = 0; r < kRows; ++r) {
+      const VF a = hn::Set(d, input[r * input_stride + k]);
+      acc[r][0] = hn::MulAdd(a, weight0, acc[r][0]);
+      acc[r][1] = hn::MulAdd(a, weight1, acc[r][1]);
     }
   }
 
-  auto store_row = [&](int row, decltype(acc00) first, decltype(acc00) second) {
-    float* out = output + row * output_stride;
+  for (int r = 0; r < kRows; ++r) {
+    float* out = output + r * output_stride;
     if (valid_columns == panel_width) {
-      hn::StoreU(first, d, out);
-      hn::StoreU(second, d, out + lanes);
-      return;
+      hn::StoreU(acc[r][0], d, out);
+      hn::StoreU(acc[r][1], d, out + lanes);
+    } else {
+      hn::Store(acc[r][0], d, staging);
+      hn::Store(acc[r][1], d, staging + lanes);
+      std::memcpy(out, staging, static_cast<size_t>(valid_columns) * sizeof(float));
     }
-    hn::Store(first, d, staging);
-    hn::Store(second, d, staging + lanes);
-    std::memcpy(out, staging, static_cast<size_t>(valid_columns) * sizeof(float));
-  };
-  store_row(0, acc00, acc01);
-  if constexpr (kRows > 1) store_row(1, acc10, acc11);
-  if constexpr (kRows > 2) store_row(2, acc20, acc21);
-  if constexpr (kRows > 3) store_row(3, acc30, acc31);
-  if constexpr (kRows > 4) store_row(4, acc40, acc41);
-  if constexpr (kRows > 5) store_row(5, acc50, acc51);
+  }
 }
 
 // One micro-tile of the packed path: rows [row, row + rows) of panel `panel` (columns

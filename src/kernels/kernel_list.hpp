@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "attend/sdpa.hpp"
+#include "attend/attention_options.hpp"
 #include "sdpa_params.hpp"
 
 namespace attend::detail {

@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "attend/sdpa.hpp"
+#include "attend/score_rules.hpp"
 #include "score_rule_layer.hpp"
 
 HWY_BEFORE_NAMESPACE();

@@ -134,15 +134,7 @@ ShardResult ring_attention_float32(const detail::Communicator& comm, const Tenso
   detail::KeyBlocks blocks(plan, key, value, options.segment_ids_key);
   const int q_dim = query.rank() - 2;
   for (int step = 0; step < plan.ranks; ++step) {
-    if (step > 0) {
-      if (!parallel.overlap) {  // every rank done computing: the wait is the transfer alone
-        comm.barrier("the barrier before a transfer");
-        blocks.start(comm, step - 1);
-      }
-      stats.wait_seconds += blocks.finish(comm);
-    }
-    if (parallel.overlap && step + 1 < plan.ranks) blocks.start(comm, step);
-    comm.fault_point();
+    stats.wait_seconds += blocks.advance(comm, step, parallel.overlap);
     const auto compute_start = std::chrono::steady_clock::now();
     const int owner = blocks.owner(step);
     const TensorView k = blocks.key(step), v = blocks.value(step);
@@ -219,12 +211,10 @@ ShardResult ring_attention(MPI_Comm comm, const TensorView& query, const TensorV
                            const TensorView& value, const AttentionOptions& options,
                            const ContextParallelOptions& parallel) {
   return detail::guarded(comm, "ring_attention", parallel, [&](const detail::Communicator& c) {
-    Tensor storage[3];
-    ShardResult r = ring_attention_float32(
-        c, detail::as_float32(query, storage[0]), detail::as_float32(key, storage[1]),
-        detail::as_float32(value, storage[2]), options, parallel);
-    r.output = detail::in_dtype(std::move(r.output), query.dtype);
-    return r;
+    return detail::forward_in_float32(
+        query, key, value, [&](const TensorView& q, const TensorView& k, const TensorView& v) {
+          return ring_attention_float32(c, q, k, v, options, parallel);
+        });
   });
 }
 

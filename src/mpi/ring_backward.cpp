@@ -147,15 +147,7 @@ AttentionGradients ring_attention_backward_float32(
 
   detail::KeyBlocks blocks(plan, key, value, options.segment_ids_key);
   for (int step = 0; step < plan.ranks; ++step) {
-    if (step > 0) {
-      if (!parallel.overlap) {  // every rank done computing: the wait is the transfer alone
-        comm.barrier("the barrier before a transfer");
-        blocks.start(comm, step - 1);
-      }
-      stats.wait_seconds += blocks.finish(comm);
-    }
-    if (parallel.overlap && step + 1 < plan.ranks) blocks.start(comm, step);
-    comm.fault_point();
+    stats.wait_seconds += blocks.advance(comm, step, parallel.overlap);
     const int owner = blocks.owner(step);
     const int64_t lk = plan.key_shard_len[static_cast<size_t>(owner)];
     const int64_t floats = batch * lk * (E + Ev);

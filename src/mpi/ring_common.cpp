@@ -537,4 +537,18 @@ double KeyBlocks::finish(const Communicator& comm) {
   return seconds_since(start);
 }
 
+double KeyBlocks::advance(const Communicator& comm, int step, bool overlap) {
+  double waited = 0;
+  if (step > 0) {
+    if (!overlap) {  // every rank done computing: the wait is the transfer alone
+      comm.barrier("the barrier before a transfer");
+      start(comm, step - 1);
+    }
+    waited = finish(comm);
+  }
+  if (overlap && step + 1 < plan_.ranks) start(comm, step);
+  comm.fault_point();
+  return waited;
+}
+
 }  // namespace attend::mpi::detail

@@ -198,6 +198,18 @@ AttentionGradients backward_in_float32(const TensorView& grad_output, const Tens
   return g;
 }
 
+// A forward over float32 shards for shards of any float dtype: `forward(Q, K, V)` on float32
+// copies (as_float32), the output back in Q's dtype.
+template <class Forward>
+ShardResult forward_in_float32(const TensorView& query, const TensorView& key,
+                               const TensorView& value, const Forward& forward) {
+  Tensor storage[3];
+  ShardResult r = forward(as_float32(query, storage[0]), as_float32(key, storage[1]),
+                          as_float32(value, storage[2]));
+  r.output = in_dtype(std::move(r.output), query.dtype);
+  return r;
+}
+
 // `length` entries of dimension `dim` from `start` (a view of the same storage).
 TensorView narrow(TensorView view, int dim, int64_t start, int64_t length);
 
@@ -219,6 +231,10 @@ class KeyBlocks {
   // and makes it current. Returns seconds blocked.
   void start(const Communicator& comm, int step);
   double finish(const Communicator& comm);
+  // One step of the ring: the block of step s made current (s > 0: without overlap, after a
+  // barrier, so that the wait is the transfer alone) and, with overlap, the transfer of step
+  // s + 1's block started; then a fault point. Returns seconds blocked.
+  double advance(const Communicator& comm, int step, bool overlap);
   uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:

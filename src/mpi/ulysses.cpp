@@ -322,12 +322,10 @@ ShardResult ulysses_attention(MPI_Comm comm, const TensorView& query, const Tens
                               const TensorView& value, const AttentionOptions& options,
                               const ContextParallelOptions& parallel) {
   return detail::guarded(comm, "ulysses_attention", parallel, [&](const detail::Communicator& c) {
-    Tensor storage[3];
-    ShardResult r = ulysses_attention_float32(
-        c, detail::as_float32(query, storage[0]), detail::as_float32(key, storage[1]),
-        detail::as_float32(value, storage[2]), options, parallel);
-    r.output = detail::in_dtype(std::move(r.output), query.dtype);
-    return r;
+    return detail::forward_in_float32(
+        query, key, value, [&](const TensorView& q, const TensorView& k, const TensorView& v) {
+          return ulysses_attention_float32(c, q, k, v, options, parallel);
+        });
   });
 }
 

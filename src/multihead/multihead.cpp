@@ -12,10 +12,10 @@
 
 #include "attend/error.hpp"
 #include "attend/safetensors.hpp"
+#include "boundary/operands.hpp"
 #include "multihead/multihead_internal.hpp"
 #include "multihead/parameter_init.hpp"
 #include "quote.hpp"
-#include "sdpa_boundary.hpp"
 
 namespace attend {
 

@@ -2,10 +2,13 @@
 #include "attend/positional.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "attend/error.hpp"
+#include "dtype_table.hpp"
 #include "multihead/parameter_init.hpp"
 
 namespace attend {
@@ -14,33 +17,20 @@ namespace {
 // The integer at element `offset` of an integer-dtype view.
 int64_t integer_at(const TensorView& ids, int64_t offset) {
   const char* p = static_cast<const char*>(ids.data) + offset * int64_t(dtype_size(ids.dtype));
-  auto load = [p](auto zero) {
-    decltype(zero) value;
-    std::memcpy(&value, p, sizeof value);
-    return static_cast<int64_t>(value);
-  };
-  switch (ids.dtype) {
-    case DType::kInt8:
-      return load(int8_t{});
-    case DType::kInt16:
-      return load(int16_t{});
-    case DType::kInt32:
-      return load(int32_t{});
-    case DType::kInt64:
-      return load(int64_t{});
-    case DType::kUInt8:
-      return load(uint8_t{});
-    case DType::kUInt16:
-      return load(uint16_t{});
-    case DType::kUInt32:
-      return load(uint32_t{});
-    case DType::kUInt64: {
-      const uint64_t value = static_cast<uint64_t>(load(uint64_t{}));
-      return value > uint64_t(INT64_MAX) ? -1 : static_cast<int64_t>(value);
-    }
-    default:
+  return detail::visit_dtype(ids.dtype, [&](auto row) -> int64_t {
+    using Row = decltype(row);
+    using Storage = typename Row::Storage;
+    if constexpr (Row::kind == detail::DTypeKind::kInt || Row::kind == detail::DTypeKind::kUInt) {
+      Storage value;
+      std::memcpy(&value, p, sizeof value);
+      if constexpr (std::is_same_v<Storage, uint64_t>) {
+        return value > uint64_t(INT64_MAX) ? -1 : static_cast<int64_t>(value);
+      }
+      return static_cast<int64_t>(value);
+    } else {
       throw Error(std::string("ids: dtype ") + dtype_name(ids.dtype) + " is not an integer");
-  }
+    }
+  });
 }
 
 void check_positive(const char* name, int64_t value) {

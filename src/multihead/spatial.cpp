@@ -11,9 +11,9 @@
 
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
+#include "boundary/operands.hpp"
 #include "kernels/gemm.hpp"
 #include "multihead/parameter_init.hpp"
-#include "sdpa_boundary.hpp"
 
 namespace attend {
 namespace {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "attend/sdpa.hpp"
+#include "attend/score_rules.hpp"
 #include "dropout.hpp"
 #include "kv_format.hpp"
 #include "score_rule_layer.hpp"

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
-#include "sdpa_boundary.hpp"
+#include "boundary/views.hpp"
 
 namespace attend::detail {
 

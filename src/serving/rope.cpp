@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "attend/error.hpp"
-#include "sdpa_boundary.hpp"
+#include "boundary/validation.hpp"
+#include "boundary/views.hpp"
 
 namespace attend {
 namespace {

@@ -12,7 +12,8 @@
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
 #include "attend/sdpa_backward.hpp"
-#include "sdpa_boundary.hpp"
+#include "boundary/validation.hpp"
+#include "boundary/views.hpp"
 #include "serving/ragged.hpp"
 
 namespace attend {

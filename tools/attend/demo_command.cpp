@@ -1,7 +1,7 @@
 // demo_command.cpp: `attend demo [--out-dir DIR] [--threads T]`.
 //
 // Creates the output directory first (a bad --out-dir fails before any work), runs the four
-// scenes (demo_scenes.cpp), which print to stdout and return their pictures, then writes the
+// scenes (demo_scenes.hpp), which print to stdout and return their pictures, then writes the
 // pictures all-or-nothing: every temporary file first, the renames last.
 #include "demo_command.hpp"
 

@@ -1,6 +1,7 @@
 // demo_scenes.hpp: the four scenes of `attend demo`. Each builds its (seeded, untrained)
 // modules and inputs, runs them, prints shapes, timings and per-head summaries to `out`, and
-// returns its picture as SVG text; nothing is written to disk here.
+// returns its picture as SVG text; nothing is written to disk here. One file per scene
+// (demo_phrase, demo_unet, demo_vit, demo_translation), their shared helpers in demo_common.
 #pragma once
 
 #include <ostream>

@@ -27,6 +27,7 @@
 #include "attend/mpi/ring.hpp"
 #include "attend/sdpa.hpp"
 #include "mpi_session.hpp"
+#include "ring_shards.hpp"
 
 namespace attend::cli {
 namespace {
@@ -104,25 +105,6 @@ Tensor seeded(const Shape& shape, uint32_t seed) {
   return t;
 }
 
-Tensor rows_of(const Tensor& whole, const std::vector<mpi::ShardPiece>& pieces) {
-  Shape shape = whole.shape();
-  const int dim = shape.rank() - 2;
-  shape[dim] = 0;
-  for (const auto& p : pieces) shape[dim] += p.length;
-  Tensor out(DType::kFloat32, shape);
-  int64_t at = 0;
-  for (const auto& p : pieces) {
-    TensorView from = whole.view(), to = out.view();
-    from.data = static_cast<float*>(from.data) + p.offset * from.strides[dim];
-    from.shape[dim] = p.length;
-    to.data = static_cast<float*>(to.data) + at * to.strides[dim];
-    to.shape[dim] = p.length;
-    convert(from, to);
-    at += p.length;
-  }
-  return out;
-}
-
 struct Row {
   std::string method;  // "1 rank", "ring", "ring (no overlap)", "ulysses"
   bool causal = false;
@@ -197,7 +179,8 @@ void run_ring_bench(const RingBenchSettings& s) {
     }
     // 2. The shards, ring with and without overlap, head parallelism.
     const auto pieces = mpi::shard_pieces(layout, L, ranks, rank);
-    const Tensor qs = rows_of(q, pieces), ks = rows_of(k, pieces), vs = rows_of(v, pieces);
+    const Tensor qs = gather_rows(q.view(), pieces), ks = gather_rows(k.view(), pieces),
+                 vs = gather_rows(v.view(), pieces);
     struct Method {
       const char* name;
       bool overlap;

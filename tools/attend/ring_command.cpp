@@ -27,6 +27,7 @@
 #include "attend/npy.hpp"
 #include "attend/sdpa.hpp"
 #include "mpi_session.hpp"
+#include "ring_shards.hpp"
 #include "score_rule_options.hpp"
 
 namespace attend::cli {
@@ -102,42 +103,6 @@ Tensor as_float32(const std::string& option, const std::string& path, Tensor t) 
   Tensor f(DType::kFloat32, t.shape());
   convert(t.view(), f.view());
   return f;
-}
-
-// Rows [offset, offset + length) of the sequence dimension (rank − 2) for each piece,
-// concatenated; or the reverse, scattered back into `whole`.
-Tensor gather_rows(const TensorView& whole, const std::vector<mpi::ShardPiece>& pieces) {
-  const int dim = whole.rank() - 2;
-  Shape shape = whole.shape;
-  shape[dim] = 0;
-  for (const auto& p : pieces) shape[dim] += p.length;
-  Tensor out(DType::kFloat32, shape);
-  int64_t at = 0;
-  for (const auto& p : pieces) {
-    TensorView from = whole, to = out.view();
-    from.data = static_cast<float*>(from.data) + p.offset * from.strides[dim];
-    from.shape[dim] = p.length;
-    to.data = static_cast<float*>(to.data) + at * to.strides[dim];
-    to.shape[dim] = p.length;
-    convert(from, to);
-    at += p.length;
-  }
-  return out;
-}
-
-void scatter_rows(const TensorView& shard, const std::vector<mpi::ShardPiece>& pieces,
-                  const TensorView& whole) {
-  const int dim = whole.rank() - 2;
-  int64_t at = 0;
-  for (const auto& p : pieces) {
-    TensorView from = shard, to = whole;
-    from.data = static_cast<float*>(from.data) + at * from.strides[dim];
-    from.shape[dim] = p.length;
-    to.data = static_cast<float*>(to.data) + p.offset * to.strides[dim];
-    to.shape[dim] = p.length;
-    convert(from, to);
-    at += p.length;
-  }
 }
 
 // Rank 0's whole tensor, its shape sent to every rank, each rank's shard sent to it.
