@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
@@ -89,17 +90,26 @@ OperandChoice widened_f16(bool rows, int64_t key_len, int64_t head_dim, int64_t 
   return {};
 }
 
-// The largest magnitude of the float16 rows [0, rows) × [0, cols) of every batch index of
-// `p` at `data` with `strides` (+inf when one is infinite or NaN): the magnitude's order is
-// the integer order of the bits without the sign.
-double max_abs_f16(const SdpaParams& p, const uint16_t* data, const OperandStrides& strides,
-                   int64_t rows, int64_t cols) {
+// The largest magnitude of a float16 view's elements (+inf when one is infinite or NaN): the
+// magnitude's order is the integer order of the bits without the sign. Walks the view's own
+// shape and strides (K and V may have fewer batch indices than Q: grouped-query heads).
+double max_abs_f16(const TensorView& t) {
+  const auto* data = static_cast<const uint16_t*>(t.data);
+  const int rank = t.rank();
+  const int64_t cols = rank > 0 ? t.shape.back(0) : 1;
+  const int64_t col_stride = rank > 0 ? t.strides.back(0) : 1;
+  const int64_t rows = cols > 0 ? t.numel() / cols : 0;
+  std::vector<int64_t> index(static_cast<size_t>(std::max(rank - 1, 0)), 0);
   uint16_t most = 0;
-  for (int64_t b = 0; b < p.batch; ++b) {
-    const uint16_t* base = data + p.batch_offset(strides, b);
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint16_t* row = base + r * strides.row;
-      for (int64_t c = 0; c < cols; ++c) most = std::max<uint16_t>(most, row[c] & 0x7fffu);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t offset = 0;
+    for (int d = 0; d + 1 < rank; ++d) offset += index[static_cast<size_t>(d)] * t.strides[d];
+    for (int64_t c = 0; c < cols; ++c) {
+      most = std::max<uint16_t>(most, data[offset + c * col_stride] & 0x7fffu);
+    }
+    for (int d = rank - 2; d >= 0; --d) {  // the next row, last batch dimension fastest
+      if (++index[static_cast<size_t>(d)] < t.shape[d]) break;
+      index[static_cast<size_t>(d)] = 0;
     }
   }
   return most >= 0x7c00u ? INFINITY : f32_from_f16(most);
@@ -107,11 +117,8 @@ double max_abs_f16(const SdpaParams& p, const uint16_t* data, const OperandStrid
 
 // Whether every float16 chain of the products stays finite (kernels/isa/f16_chains.hpp):
 // Q·Kᵀ's with max|q|·max|k|, P·V's with max|v| (the probabilities are at most 1).
-bool f16_chains_fit(const SdpaParams& p) {
-  const double q = max_abs_f16(p, p.query_half, p.query_strides, p.query_len, p.head_dim);
-  const double k = max_abs_f16(p, p.key_half, p.key_strides, p.key_len, p.head_dim);
-  const double v = max_abs_f16(p, p.value_half, p.value_strides, p.key_len, p.value_dim);
-  return F16ChainsFit(q, k) && F16ChainsFit(v, 1.0);
+bool f16_chains_fit(const TensorView& q, const TensorView& k, const TensorView& v) {
+  return F16ChainsFit(max_abs_f16(q), max_abs_f16(k)) && F16ChainsFit(max_abs_f16(v), 1.0);
 }
 
 // The products a call computes (AttentionOptions::compute): bfloat16 ones only in the query
@@ -229,7 +236,7 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
   p.key_len = k.shape.back(1);
   p.head_dim = q.shape.back(0);
   p.value_dim = v.shape.back(0);
-  if (p.f16_products() && !f16_chains_fit(p)) {
+  if (p.f16_products() && !f16_chains_fit(q, k, v)) {
     choice = widened_f16(false, p.key_len, p.head_dim, p.value_dim);
     attach_operands(q, k, v);
   }
