@@ -24,6 +24,8 @@ on a shared machine does not inflate; the other cases in wall time. `plan-decode
 call on a decode step (1, 8, 1, 128, 64), one thread, against the C++ loop of
 AttentionPlan::run on the same arrays, thread CPU time: plan.run(q, k, v, out) and the bound
 plan (plan.bind(q, k, v, out), then bound() per step), NumPy and torch.
+On a loaded machine, many short repetitions (--repetitions 300 --min-time 0.001: about a
+millisecond of calls each, in turns) make "best" the difference of the least disturbed ones.
 """
 
 import argparse
