@@ -2,8 +2,8 @@
 // for Python: attend.PagedKvCache, attend.paged_attention, attend.varlen_attention,
 // attend.Rope, attend.AttentionPlan and attend.ServingOptions (the score rules of one call).
 //
-// Every array is borrowed in place (NumPy through its buffer, torch tensors through their
-// data pointer and strides, arrays.hpp), the GIL is released while the C++ call runs, and the
+// Every array is borrowed in place (arrays.hpp: NumPy arrays from their fields, torch tensors
+// through their data pointer and strides), the GIL is released while the C++ call runs, and the
 // C++ call validates everything: a bad block table, length or dtype raises attend.Error (or
 // attend.DTypeError) with the C++ message, before any output or cache block is written.
 // Outputs are the caller's arrays when given (`out`, `logsumexp`, `key_mass`), else new ones
@@ -25,7 +25,6 @@
 #include "attend/rope.hpp"
 #include "attend/varlen.hpp"
 #include "bindings.hpp"
-#include "numpy_views.hpp"
 
 namespace attend_python {
 namespace {
@@ -124,13 +123,13 @@ const ServingOptions& options_or_default(const ServingOptions* options) {
 // An output: the caller's array (borrowed writable), or a new tensor of `shape` and `dtype`
 // handed back as `kind`.
 struct Output {
-  std::optional<InPlace> borrowed;
+  std::optional<Borrowed> borrowed;
   std::optional<Tensor> owned;
   TensorView view;
 
   Output(py::handle given, const char* name, DType dtype, const Shape& shape) {
     if (!given.is_none()) {
-      borrowed.emplace(given, name, true);
+      borrowed = borrow(given, name, true);
       view = borrowed->view;
     } else {
       owned = Tensor(dtype, shape);
@@ -180,9 +179,9 @@ py::object paged_attention(py::handle query, py::handle cu_seqlens_q, py::handle
                            py::handle value_blocks, py::handle block_tables, py::handle seq_lens,
                            py::handle out, const ServingOptions* options, py::handle logsumexp,
                            py::handle key_mass) {
-  const InPlace q(query, "query"), cu(cu_seqlens_q, "cu_seqlens_q");
-  const InPlace kb(key_blocks, "key_blocks"), vb(value_blocks, "value_blocks");
-  const InPlace tables(block_tables, "block_tables"), lens(seq_lens, "seq_lens");
+  const Borrowed q = borrow(query, "query"), cu = borrow(cu_seqlens_q, "cu_seqlens_q");
+  const Borrowed kb = borrow(key_blocks, "key_blocks"), vb = borrow(value_blocks, "value_blocks");
+  const Borrowed tables = borrow(block_tables, "block_tables"), lens = borrow(seq_lens, "seq_lens");
   Output o(out, "out", q.view.dtype, output_shape(q.view, dim(vb.view, 3)));
   OptionalOutput lse(logsumexp, "logsumexp", Shape({dim(q.view, 0), dim(q.view, 1)}));
   OptionalOutput mass(key_mass, "key_mass",
@@ -199,9 +198,9 @@ py::object paged_attention(py::handle query, py::handle cu_seqlens_q, py::handle
 py::object varlen_attention(py::handle query, py::handle key, py::handle value,
                             py::handle cu_seqlens_q, py::handle cu_seqlens_k, py::handle out,
                             const ServingOptions* options, py::handle logsumexp) {
-  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
-  const InPlace cq(cu_seqlens_q, "cu_seqlens_q"),
-                 ck(cu_seqlens_k, "cu_seqlens_k");
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed cq = borrow(cu_seqlens_q, "cu_seqlens_q"),
+                 ck = borrow(cu_seqlens_k, "cu_seqlens_k");
   Output o(out, "out", q.view.dtype, output_shape(q.view, dim(v.view, 2)));
   OptionalOutput lse(logsumexp, "logsumexp", Shape({dim(q.view, 0), dim(q.view, 1)}));
   const attend::AttentionOptions call = options_or_default(options).resolved();
@@ -225,13 +224,13 @@ attend::RopeOptions make_rope(double base, bool interleaved, int64_t rotary_dim)
 }
 
 void rope_apply(const attend::RopeOptions& rope, py::handle x, int64_t position_offset) {
-  const InPlace view(x, "x", true);
+  const Borrowed view = borrow(x, "x", true);
   py::gil_scoped_release release;
   attend::apply_rope(view.view, position_offset, rope);
 }
 
 void rope_apply_at(const attend::RopeOptions& rope, py::handle x, py::handle positions) {
-  const InPlace view(x, "x", true), at(positions, "positions");
+  const Borrowed view = borrow(x, "x", true), at = borrow(positions, "positions");
   py::gil_scoped_release release;
   attend::apply_rope_at(view.view, at.view, rope);
 }
@@ -255,8 +254,8 @@ py::object storage_property(py::object self) {
 
 void cache_append(attend::PagedKvCache& cache, const std::vector<int64_t>& ids, py::handle key,
                   py::handle value, py::handle cu_seqlens, const attend::RopeOptions* rope) {
-  const InPlace k(key, "key"), v(value, "value");
-  const InPlace cu(cu_seqlens, "cu_seqlens");
+  const Borrowed k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed cu = borrow(cu_seqlens, "cu_seqlens");
   py::gil_scoped_release release;
   cache.append(ids, k.view, v.view, cu.view, rope);
 }
@@ -264,7 +263,7 @@ void cache_append(attend::PagedKvCache& cache, const std::vector<int64_t>& ids, 
 py::object cache_attend(const attend::PagedKvCache& cache, const std::vector<int64_t>& ids,
                         py::handle query, py::handle cu_seqlens_q, py::handle out,
                         const ServingOptions* options, py::handle logsumexp, py::handle key_mass) {
-  const InPlace q(query, "query"), cu(cu_seqlens_q, "cu_seqlens_q");
+  const Borrowed q = borrow(query, "query"), cu = borrow(cu_seqlens_q, "cu_seqlens_q");
   const attend::KvCacheConfig& config = cache.config();
   const int64_t value_dim = config.value_dim > 0 ? config.value_dim : config.head_dim;
   Output o(out, "out", q.view.dtype, output_shape(q.view, value_dim));
@@ -296,8 +295,8 @@ struct Plan {
 
 Plan make_plan(py::handle query, py::handle key, py::handle value, py::handle out,
                py::object options_object, bool variable_key_length, bool need_logsumexp) {
-  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
-  const InPlace o(out, "out", true);
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed o = borrow(out, "out", true);
   const ServingOptions* options =
       options_object.is_none() ? nullptr : options_object.cast<const ServingOptions*>();
   attend::AttentionOptions call = options_or_default(options).resolved();
@@ -311,12 +310,29 @@ Plan make_plan(py::handle query, py::handle key, py::handle value, py::handle ou
 
 void plan_run(const Plan& p, py::handle query, py::handle key, py::handle value, py::handle out,
               py::handle logsumexp) {
-  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
-  const InPlace o(out, "out", true);
-  std::optional<InPlace> lse;
-  if (!logsumexp.is_none()) lse.emplace(logsumexp, "logsumexp", true);
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed o = borrow(out, "out", true);
+  std::optional<Borrowed> lse;
+  if (!logsumexp.is_none()) lse = borrow(logsumexp, "logsumexp", true);
   py::gil_scoped_release release;
   p.plan->run(q.view, k.view, v.view, o.view, lse ? &lse->view : nullptr);
+}
+
+// AttentionPlan.run(query, key, value, out, *, logsumexp=None): the per-step call, through
+// the METH_FASTCALL convention (bindings.hpp).
+PyObject* plan_run_fastcall(PyObject* self, PyObject* const* args, size_t nargsf,
+                            PyObject* kwnames) {
+  static const FastcallNames names{"query", "key", "value", "out", "logsumexp"};
+  PyObject* a[5];
+  if (!names.sort_or_raise("AttentionPlan.run", args, nargsf, kwnames, 4, 4, a)) return nullptr;
+  try {
+    plan_run(py::handle(self).cast<const Plan&>(), a[0], a[1], a[2], a[3],
+             a[4] != nullptr ? a[4] : Py_None);
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
 }
 
 // A plan bound to the arrays of a decode loop that rewrites them in place each step: a call
@@ -367,12 +383,23 @@ class BoundPlan {
   std::vector<Argument> arguments_;
 };
 
+// BoundPlan.__call__() without pybind11's dispatcher.
+PyObject* bound_plan_call(PyObject* self, PyObject*) {
+  try {
+    py::handle(self).cast<BoundPlan&>().run();
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 // Seconds per plan.run() of the C++ API itself on borrowed arrays (python_bench.py's
 // baseline for a planned decode call), of the calling thread's CPU time or wall time.
 double cpp_plan_seconds(const Plan& p, py::handle query, py::handle key, py::handle value,
                         py::handle out, int calls, bool thread_cpu_time) {
-  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
-  const InPlace o(out, "out", true);
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed o = borrow(out, "out", true);
   py::gil_scoped_release release;
   const auto now = [thread_cpu_time] {
     timespec t;
@@ -587,12 +614,11 @@ void bind_serving(py::module_& m) {
            py::kw_only(), py::arg("out") = py::none(), py::arg("options") = nullptr,
            py::arg("logsumexp") = py::none(), py::arg("key_mass") = py::none());
 
-  py::class_<Plan>(m, "AttentionPlan", kPlanDoc)
+  py::class_<Plan> plan(m, "AttentionPlan", kPlanDoc);
+  plan
       .def(py::init(&make_plan), py::arg("query"), py::arg("key"), py::arg("value"),
            py::arg("out"), py::kw_only(), py::arg("options") = py::none(),
            py::arg("variable_key_length") = false, py::arg("need_logsumexp") = false)
-      .def("run", &plan_run, kPlanRunDoc, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
-           py::kw_only(), py::arg("logsumexp") = py::none())
       .def(
           "bind",
           [](py::object self, py::handle query, py::handle key, py::handle value, py::handle out,
@@ -603,8 +629,14 @@ void bind_serving(py::module_& m) {
           py::kw_only(), py::arg("logsumexp") = py::none())
       .def_property_readonly("prepared", [](const Plan& p) { return p.plan->prepared(); },
                              "whether run() takes the prepared path");
-  py::class_<BoundPlan>(m, "BoundPlan", kBoundPlanDoc)
-      .def("__call__", &BoundPlan::run, "runs the plan on the bound arrays (writes out)");
+  static PyMethodDef run_method = {
+      "run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(plan_run_fastcall)),
+      METH_FASTCALL | METH_KEYWORDS, kPlanRunDoc};
+  add_method(plan, &run_method);
+  py::class_<BoundPlan> bound(m, "BoundPlan", kBoundPlanDoc);
+  static PyMethodDef call_method = {"__call__", bound_plan_call, METH_NOARGS,
+                                    "runs the plan on the bound arrays (writes out)"};
+  add_method(bound, &call_method);
   m.def("cpp_plan_seconds", &cpp_plan_seconds);
 }
 

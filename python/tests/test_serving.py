@@ -505,3 +505,28 @@ def test_the_gil_is_released_while_attend_works():
     # Held, the GIL lets this thread tick about 3 times (before and after the call); released,
     # 30-60 here.
     assert len(ticks) >= 10, (len(ticks), time.perf_counter() - started)
+
+
+def test_plan_run_takes_its_arguments_by_name_and_refuses_others():
+    q, k, v = (normal((1, HEADS, n, DIM), seed) for n, seed in [(1, 1), (9, 2), (9, 3)])
+    out, lse = np.zeros((1, HEADS, 1, DIM), np.float32), np.zeros((1, HEADS, 1), np.float32)
+    plan = attend.AttentionPlan(q, k, v, out, need_logsumexp=True)
+    plan.run(query=q, key=k, value=v, out=out, logsumexp=lse)
+    want = out.copy()
+    out[:] = 0
+    plan.run(q, k, v, out, logsumexp=lse)
+    assert same_bits(out, want)
+    for bad in [lambda: plan.run(q, k, v), lambda: plan.run(q, k, v, out, lse),
+                lambda: plan.run(q, k, v, out, logsumexp=lse, key=k),
+                lambda: plan.run(q, k, v, out, log_sum_exp=lse),
+                lambda: plan.bind(q, k, v, out)(out)]:
+        with pytest.raises(TypeError):
+            bad()
+    with pytest.raises(TypeError):  # not an AttentionPlan
+        attend.AttentionPlan.run(object(), q, k, v, out)
+    # The plan's layout is checked on every call: an array reshaped in place is refused.
+    q.shape = (1, HEADS, DIM, 1)
+    out[:] = 7
+    with pytest.raises(attend.Error):
+        plan.run(q, k, v, out, logsumexp=lse)
+    assert np.all(out == 7)
