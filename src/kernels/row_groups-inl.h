@@ -69,8 +69,23 @@ using KvPtr = std::conditional_t<
                        std::conditional_t<K == DType::kFloat16 || K == DType::kBFloat16,
                                           const uint16_t*, const uint8_t*>>>;
 
-// One vector of K or V from `p` (unaligned), widened to float32: exactly widen_kv
-// (kv_format.hpp) lane by lane.
+#undef ATTEND_F16C_FP8  // per target
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define ATTEND_F16C_FP8 1  // fp8 widened through float16 bits (F16C)
+#else
+#define ATTEND_F16C_FP8 0
+#endif
+
+// The unit LoadKV and KvAt count K and V in: 1, except float8_e4m3 widened through float16
+// bits (below), whose one shift gives value / 2^8. The 2^8 joins the scales applied to
+// scores and probabilities (ApplyRowScalesAt), which float8 always has: powers of two, so
+// scale_j · (q · (code_j / 2^8)) · 2^8 are the bits of scale_j · (q · code_j) (no product of
+// a code, at least 2^-9, and a float32 query comes near float32's subnormals).
+template <DType K>
+constexpr float kKvUnit = K == DType::kFloat8E4M3 && ATTEND_F16C_FP8 ? 256.0f : 1.0f;
+
+// One vector of K or V from `p` (unaligned), widened to float32 and divided by kKvUnit<K>:
+// widen_kv (kv_format.hpp) lane by lane.
 template <DType K>
 HWY_INLINE VF LoadKV(DF d, KvPtr<K> p) {
   if constexpr (K == DType::kFloat32) {
@@ -84,20 +99,20 @@ HWY_INLINE VF LoadKV(DF d, KvPtr<K> p) {
     const hn::RebindToSigned<DF> di;
     return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, p)));
   } else {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-    // fp8 as float16 bits (F16C widens float16 exactly, subnormals included): E5M2 is a
-    // float16's top byte; E4M3's sign, exponent and mantissa fields moved into float16's
-    // places give its value / 2^8 (float16's bias 15 against 7).
-    const hn::Rebind<uint8_t, DF> d8;
-    const hn::Rebind<uint16_t, DF> d16;
+#if ATTEND_F16C_FP8
+    // fp8 as float16 bits (F16C widens float16 exactly, subnormals included). E5M2 is a
+    // float16's top byte. E4M3 sign-extended to 16 bits and shifted left by 7 has its
+    // exponent and mantissa in float16's places and its sign in bits 15 and 14; clearing bit
+    // 14 leaves a float16 worth value / 2^8 (float16's bias 15 against 7): kKvUnit.
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int16_t, DF> d16;
     const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto code = hn::PromoteTo(d16, hn::LoadU(d8, p));
+    const auto code = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
     if constexpr (K == DType::kFloat8E5M2) {
       return hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(code)));
     } else {
-      const auto bits = hn::Or(hn::ShiftLeft<8>(hn::And(code, hn::Set(d16, 0x80))),
-                               hn::ShiftLeft<7>(hn::And(code, hn::Set(d16, 0x7F))));
-      return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, bits)), hn::Set(d, 256.0f));
+      const auto bits = hn::And(hn::ShiftLeft<7>(code), hn::Set(d16, int16_t{-16512}));  // 0xBF80
+      return hn::PromoteTo(d, hn::BitCast(dh, bits));
     }
 #else
     // fp8 (float8.hpp): sign · significand · 2^(max(e, 1) − bias − mantissa bits), built from
@@ -127,13 +142,13 @@ constexpr int64_t kv_bytes() {
   return static_cast<int64_t>(sizeof(std::remove_pointer_t<KvPtr<K>>));
 }
 
-// Element i of K or V, as float32.
+// Element i of K or V, as float32, divided by kKvUnit<K> (as LoadKV's lanes).
 template <DType K>
 HWY_INLINE float KvAt(KvPtr<K> p, int64_t i) {
   if constexpr (K == DType::kFloat32) {
     return p[i];
   } else {
-    return widen_kv(K, p, i);
+    return widen_kv(K, p, i) / kKvUnit<K>;
   }
 }
 
@@ -439,10 +454,11 @@ HWY_INLINE void AccumulateRow(const float* prob, KvPtr<K> value, const int64_t* 
   }
 }
 
-// x[j] *= scales[slot_j · stride] for the keys j < count of a span (slots: SpanSlots).
+// x[j] *= scales[slot_j · stride] · unit for the keys j < count of a span (slots: SpanSlots;
+// unit: kKvUnit).
 HWY_INLINE void ApplyRowScalesAt(const float* scales, int64_t stride, const int64_t* slots,
-                                 int64_t count, float* x) {
-  for (int64_t j = 0; j < count; ++j) x[j] *= scales[slots[j] * stride];
+                                 int64_t count, float unit, float* x) {
+  for (int64_t j = 0; j < count; ++j) x[j] *= scales[slots[j] * stride] * unit;
 }
 
 template <int G, DType K>
@@ -513,7 +529,7 @@ class RowGroupAttention {
     if constexpr (is_scaled_kv_format(K)) {
       for (int r = 0; r < G; ++r) {
         ApplyRowScalesAt(tile_[r]->key_scales, p_.key_scale_strides.row, ws_.slots, group_key_end_,
-                         scores_[r]);
+                         kKvUnit<K>, scores_[r]);
       }
     }
   }
@@ -646,7 +662,7 @@ class RowGroupAttention {
     if constexpr (is_scaled_kv_format(K)) {
       for (int r = 0; r < G; ++r) {
         ApplyRowScalesAt(tile_[r]->value_scales, p_.value_scale_strides.row, ws_.slots,
-                         group_key_end_, scores_[r]);
+                         group_key_end_, kKvUnit<K>, scores_[r]);
       }
     }
     const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
