@@ -455,10 +455,26 @@ HWY_INLINE void AccumulateRow(const float* prob, KvPtr<K> value, const int64_t* 
 }
 
 // x[j] *= scales[slot_j · stride] · unit for the keys j < count of a span (slots: SpanSlots;
-// unit: kKvUnit).
+// unit: kKvUnit; x aligned). A vector of keys whose slots run consecutively (within a block)
+// reads its scales as one vector when they are contiguous (stride 1). `ends_decide`: every
+// vector of keys spans at most two blocks (no block table, or blocks of at least kLanes
+// rows), so its first and last slots lying kLanes − 1 apart prove the run.
 HWY_INLINE void ApplyRowScalesAt(const float* scales, int64_t stride, const int64_t* slots,
-                                 int64_t count, float unit, float* x) {
-  for (int64_t j = 0; j < count; ++j) x[j] *= scales[slots[j] * stride] * unit;
+                                 int64_t count, float unit, bool ends_decide, float* x) {
+  const DF d;
+  const VF unit_v = hn::Set(d, unit);
+  int64_t j = 0;
+  if (stride == 1 && ends_decide) {
+    for (; j + kLanes <= count; j += kLanes) {
+      if (slots[j + kLanes - 1] - slots[j] == kLanes - 1) {
+        const VF scale = hn::Mul(hn::LoadU(d, scales + slots[j]), unit_v);
+        hn::Store(hn::Mul(hn::Load(d, x + j), scale), d, x + j);
+      } else {
+        for (int64_t k = j; k < j + kLanes; ++k) x[k] *= scales[slots[k]] * unit;
+      }
+    }
+  }
+  for (; j < count; ++j) x[j] *= scales[slots[j] * stride] * unit;
 }
 
 template <int G, DType K>
@@ -527,9 +543,10 @@ class RowGroupAttention {
   HWY_INLINE void Dots(bool shared) {
     ComputeDots(group_key_end_, shared);
     if constexpr (is_scaled_kv_format(K)) {
+      slot_ends_decide_ = p_.block_table == nullptr || p_.block_size >= kLanes;
       for (int r = 0; r < G; ++r) {
         ApplyRowScalesAt(tile_[r]->key_scales, p_.key_scale_strides.row, ws_.slots, group_key_end_,
-                         kKvUnit<K>, scores_[r]);
+                         kKvUnit<K>, slot_ends_decide_, scores_[r]);
       }
     }
   }
@@ -662,7 +679,7 @@ class RowGroupAttention {
     if constexpr (is_scaled_kv_format(K)) {
       for (int r = 0; r < G; ++r) {
         ApplyRowScalesAt(tile_[r]->value_scales, p_.value_scale_strides.row, ws_.slots,
-                         group_key_end_, kKvUnit<K>, scores_[r]);
+                         group_key_end_, kKvUnit<K>, slot_ends_decide_, scores_[r]);
       }
     }
     const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
@@ -748,6 +765,7 @@ class RowGroupAttention {
   float row_max_[G];
   float sink_[G];  // the head's sink, first chunk only (sinks_)
   bool sinks_ = false;
+  bool slot_ends_decide_ = false;  // ApplyRowScalesAt's ends_decide
   int64_t group_key_end_ = 0;  // the rows' last visible key + 1 (keys counted from the span)
   int64_t padded_end_ = 0;     // group_key_end_ rounded up to whole vectors
   float sum_[G];
