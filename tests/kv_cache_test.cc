@@ -426,7 +426,7 @@ TEST(PagedKvCache, Int8CacheWithinItsErrorModel) {
   }
   EXPECT_EQ(cache.key_scales().shape, Shape({30, 4, kKvHeads}));
   EXPECT_EQ(cache.bytes(), uint64_t{30 * 4 * kKvHeads * (kDim + kValueDim + 8)});
-  // The raw call refuses int8 blocks (it has no scales).
+  // The raw call refuses int8 blocks without their scales.
   Tensor tables(DType::kInt32, Shape({1, 1})), lens(DType::kInt32, Shape({1}));
   tables.data_as<int32_t>()[0] = 0;
   lens.data_as<int32_t>()[0] = 1;
@@ -434,7 +434,7 @@ TEST(PagedKvCache, Int8CacheWithinItsErrorModel) {
   EXPECT_NE(error_of([&] {
               paged_attention_into(q.view(), one.view(), cache.key_blocks(), cache.value_blocks(),
                                    tables.view(), lens.view(), out.view());
-            }).find("PagedKvCache::attend"),
+            }).find("needs key_scales"),
             std::string::npos);
 }
 
