@@ -175,13 +175,33 @@ py::object results(Output& out, py::handle out_given, OptionalOutput& lse, py::h
 
 // ---- paged attention over caller blocks, ragged batches -----------------------------------
 
+// The blocks' elements read as `kv_format` (None: as their own dtype): 8-bit floats have no
+// NumPy dtype, so their bits come as uint8 (as PagedKvCache's storage views give them).
+TensorView blocks_as(const Borrowed& blocks, py::handle kv_format, const char* name) {
+  TensorView view = blocks.view;
+  if (kv_format.is_none()) return view;
+  const DType format = dtype_named(py::str(kv_format));
+  if (attend::dtype_size(format) != attend::dtype_size(view.dtype)) {
+    throw attend::Error(std::string(name) + " of dtype " + attend::dtype_name(view.dtype) +
+                        " cannot be read as kv_format " + attend::dtype_name(format) +
+                        " (elements of another size)");
+  }
+  view.dtype = format;
+  return view;
+}
+
 py::object paged_attention(py::handle query, py::handle cu_seqlens_q, py::handle key_blocks,
                            py::handle value_blocks, py::handle block_tables, py::handle seq_lens,
                            py::handle out, const ServingOptions* options, py::handle logsumexp,
-                           py::handle key_mass) {
+                           py::handle key_mass, py::handle key_scales, py::handle value_scales,
+                           py::handle kv_format) {
   const Borrowed q = borrow(query, "query"), cu = borrow(cu_seqlens_q, "cu_seqlens_q");
   const Borrowed kb = borrow(key_blocks, "key_blocks"), vb = borrow(value_blocks, "value_blocks");
   const Borrowed tables = borrow(block_tables, "block_tables"), lens = borrow(seq_lens, "seq_lens");
+  const TensorView kbv = blocks_as(kb, kv_format, "key_blocks");
+  const TensorView vbv = blocks_as(vb, kv_format, "value_blocks");
+  const std::optional<Borrowed> ks = borrow_optional(key_scales, "key_scales");
+  const std::optional<Borrowed> vs = borrow_optional(value_scales, "value_scales");
   Output o(out, "out", q.view.dtype, output_shape(q.view, dim(vb.view, 3)));
   OptionalOutput lse(logsumexp, "logsumexp", Shape({dim(q.view, 0), dim(q.view, 1)}));
   OptionalOutput mass(key_mass, "key_mass",
@@ -189,8 +209,9 @@ py::object paged_attention(py::handle query, py::handle cu_seqlens_q, py::handle
   const attend::AttentionOptions call = options_or_default(options).resolved();
   {
     py::gil_scoped_release release;
-    attend::paged_attention_into(q.view, cu.view, kb.view, vb.view, tables.view, lens.view,
-                                 o.view, call, lse.view(), mass.view());
+    attend::paged_attention_into(q.view, cu.view, kbv, vbv, tables.view, lens.view, o.view, call,
+                                 lse.view(), mass.view(), ks ? &ks->view : nullptr,
+                                 vs ? &vs->view : nullptr);
   }
   return results(o, out, lse, logsumexp, &mass, key_mass, q.kind);
 }
@@ -426,12 +447,15 @@ masked_rows: "uniform" or "zero" for rows that see no key. compute: "auto", "flo
 "bfloat16" products. num_threads: 0 = attend.set_num_threads's setting. The slopes and sinks
 arrays are read in place while the options live.)";
 
-constexpr const char* kPagedDoc = R"(paged_attention(query, cu_seqlens_q, key_blocks, value_blocks, block_tables, seq_lens, *, out=None, options=None, logsumexp=None, key_mass=None)
+constexpr const char* kPagedDoc = R"(paged_attention(query, cu_seqlens_q, key_blocks, value_blocks, block_tables, seq_lens, *, out=None, options=None, logsumexp=None, key_mass=None, key_scales=None, value_scales=None, kv_format=None)
 
 Attention of a batch over caller-owned paged blocks (vLLM's layout), attend::paged_attention_into.
 query (total_q, H, E), cu_seqlens_q int32 (B + 1) packing the B sequences' queries;
 key_blocks (num_blocks, block_size, Hkv, E) and value_blocks (num_blocks, block_size, Hkv, Ev),
-float32, float16 or bfloat16; block_tables int32 (B, max_blocks), -1 for evicted leading
+float32, float16 or bfloat16, or int8, float8_e4m3 or float8_e5m2 with key_scales and
+value_scales, float32 (num_blocks, block_size, Hkv), one per token and head (kv_format names
+the blocks' format where their dtype cannot: "float8_e4m3" for uint8 bits, as
+PagedKvCache.key_blocks gives them); block_tables int32 (B, max_blocks), -1 for evicted leading
 blocks; seq_lens int32 (B): sequence s attends to its seq_lens[s] cached tokens, its queries
 being the last of them. Returns out (total_q, H, Ev) of query's dtype (the given array,
 written in place, or a new one of query's kind). logsumexp: True or a float32 (total_q, H)
@@ -537,7 +561,8 @@ void bind_serving(py::module_& m) {
         py::arg("key_blocks"), py::arg("value_blocks"), py::arg("block_tables"),
         py::arg("seq_lens"), py::kw_only(), py::arg("out") = py::none(),
         py::arg("options") = nullptr, py::arg("logsumexp") = py::none(),
-        py::arg("key_mass") = py::none());
+        py::arg("key_mass") = py::none(), py::arg("key_scales") = py::none(),
+        py::arg("value_scales") = py::none(), py::arg("kv_format") = py::none());
   m.def("varlen_attention", &varlen_attention, kVarlenDoc, py::arg("query"), py::arg("key"), py::arg("value"),
         py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::kw_only(),
         py::arg("out") = py::none(), py::arg("options") = nullptr,

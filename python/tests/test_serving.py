@@ -225,6 +225,34 @@ def test_paged_attention_over_caller_blocks():
     assert same_bits(one, two)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "float8_e4m3", "float8_e5m2"])
+def test_paged_attention_over_caller_quantized_blocks(dtype):
+    """Caller blocks of a scaled format with their scales: PagedKvCache.attend's bits over the
+    same storage; blocks without scales, or read as a format of another size, refused."""
+    cache = attend.PagedKvCache(12, block_size=4, kv_heads=KV_HEADS, head_dim=DIM, dtype=dtype)
+    ids = [cache.add_sequence() for _ in range(2)]
+    cache.append(ids, normal((19, KV_HEADS, DIM), 60), normal((19, KV_HEADS, DIM), 61),
+                 attend.cu_seqlens([13, 6]))
+    query, cu_q = normal((3, HEADS, DIM), 62), attend.cu_seqlens([2, 1])
+    want = cache.attend(ids, query, cu_q, options=CAUSAL)
+    tables = np.full((2, 4), -1, np.int32)
+    for s, i in enumerate(ids):
+        table = cache.block_table(i)
+        tables[s, :len(table)] = table
+    lens = np.array([13, 6], np.int32)
+    kb, vb = cache.key_blocks, cache.value_blocks
+    scales = dict(key_scales=cache.key_scales, value_scales=cache.value_scales)
+    fmt = None if dtype == "int8" else dtype
+    got = attend.paged_attention(query, cu_q, kb, vb, tables, lens, options=CAUSAL,
+                                 kv_format=fmt, **scales)
+    assert same_bits(got, want)
+    with pytest.raises(attend.Error, match="needs key_scales"):
+        attend.paged_attention(query, cu_q, kb, vb, tables, lens, kv_format=fmt,
+                               value_scales=cache.value_scales)
+    with pytest.raises(attend.Error, match="cannot be read as kv_format float16"):
+        attend.paged_attention(query, cu_q, kb, vb, tables, lens, kv_format="float16", **scales)
+
+
 def test_key_mass_and_logsumexp():
     lengths, q_lens = [9, 20], [3, 1]
     kb, vb, tables, keys, values = shuffled_blocks(lengths, 4, 17, value_dim=DIM)
