@@ -311,13 +311,8 @@ TEST(PagedAttention, ZeroRowStrideBlocksAreGathered) {
 TEST(PagedAttention, CallerQuantizedBlocksWithTheirScales) {
   for (const DType format : {DType::kInt8, DType::kFloat8E4M3, DType::kFloat8E5M2}) {
     SCOPED_TRACE(dtype_name(format));
-    KvCacheConfig config;
-    config.num_blocks = 12;
-    config.block_size = 4;
-    config.kv_heads = 2;
-    config.head_dim = 32;
-    config.dtype = format;
-    PagedKvCache cache(config);
+    PagedKvCache cache(
+        {.num_blocks = 12, .block_size = 4, .kv_heads = 2, .head_dim = 32, .dtype = format});
     const std::vector<int64_t> ids = {cache.add_sequence(), cache.add_sequence()};
     const std::vector<int64_t> lengths = {13, 6};
     const Tensor k = random_tensor(Shape({19, 2, 32}), 5), v = random_tensor(Shape({19, 2, 32}), 6);
