@@ -75,6 +75,7 @@ void check_against_naive(const Problem& problem, int num_threads, const std::str
   if (bf16) {
     p.input = nullptr;
     p.input_bf16 = input_bf16.data();
+    p.bf16_products = true;  // the GEMM's bfloat16 products wherever the CPU has them
   }
   linear(p);
 

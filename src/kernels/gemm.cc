@@ -340,7 +340,8 @@ HWY_EXPORT(LinearImpl);
 void linear(const LinearParams& params) {
   // Rows up to which products stay float32 (see LinearParams::input_bf16): kFewRows.
   constexpr int64_t kFewBf16Rows = 8;
-  if (params.input_bf16 != nullptr && (params.rows <= kFewBf16Rows || !native_bf16_products())) {
+  if (params.input_bf16 != nullptr &&
+      (params.rows <= kFewBf16Rows || !params.bf16_products || !native_bf16_products())) {
     // Float32 products: the bfloat16 input widened (exactly).
     std::vector<float> widened(static_cast<size_t>(params.rows * params.depth));
     for (int64_t m = 0; m < params.rows; ++m) {
