@@ -138,7 +138,6 @@ std::string bf16_compute_path() {
   }
   std::string path = "bfloat16 products (attention's forward query tiles: " + attention +
                      ", backward: " + backward + ", projections: " + projections;
-  if (projections == "float32") path += std::string(": ") + why_float32;
   return path + ")";
 }
 

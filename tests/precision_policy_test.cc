@@ -44,12 +44,12 @@ TEST(PrecisionPolicy, EachCpuKindGetsItsProducts) {
       {"zen", kZen, S::kAttention, true, P::kAvx512Bf16, P::kAvx512Bf16},
       {"zen", kZen, S::kAttentionBackward, true, P::kAvx512Bf16, P::kAvx512Bf16},
       {"zen", kZen, S::kProjections, true, P::kAvx512Bf16, P::kAvx512Bf16},
-      // Intel with AMX: tiles where the site has them and the shape fits; elsewhere kAuto
-      // takes float32 products (faster than vdpbf16ps there), kBFloat16 AVX512_BF16.
+      // Intel with AMX: tiles where the shape fits; elsewhere kAuto takes float32 products
+      // (faster than vdpbf16ps there), kBFloat16 AVX512_BF16.
       {"spr", kSapphireRapids, S::kAttention, true, P::kAmxTiles, P::kAmxTiles},
       {"spr", kSapphireRapids, S::kAttention, false, P::kFloat32, P::kAvx512Bf16},
       {"spr", kSapphireRapids, S::kAttentionBackward, true, P::kAmxTiles, P::kAmxTiles},
-      {"spr", kSapphireRapids, S::kProjections, true, P::kFloat32, P::kAvx512Bf16},
+      {"spr", kSapphireRapids, S::kProjections, true, P::kAmxTiles, P::kAmxTiles},
       // Intel without AMX (Cooper Lake; AMX switched off or refused by the OS).
       {"spr-no-amx", kSapphireRapidsNoAmx, S::kAttention, true, P::kFloat32, P::kAvx512Bf16},
       {"spr-no-amx", kSapphireRapidsNoAmx, S::kAttentionBackward, true, P::kFloat32,

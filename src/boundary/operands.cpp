@@ -39,9 +39,8 @@ Bf16Cpu this_cpu_bf16() {
 Bf16Products choose_bf16_products(const Bf16Cpu& cpu, DType input_dtype, ComputePrecision compute,
                                   ProductSite site, bool amx_fits) {
   const bool native = cpu.why_no_bf16[0] == '\0';
-  // The sites with AMX tiles: attention forward (query tiles) and backward; the projections'
-  // GEMM has AVX512_BF16 blocks only.
-  const bool amx = native && cpu.amx && amx_fits && site != ProductSite::kProjections;
+  // Every site has AMX tiles; only the forward's query tiles bound their operands' size.
+  const bool amx = native && cpu.amx && (amx_fits || site != ProductSite::kAttention);
   switch (compute) {
     case ComputePrecision::kFloat32:
       return Bf16Products::kFloat32;

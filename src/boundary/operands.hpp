@@ -29,7 +29,8 @@ struct KernelInputs {
 // The precision policy: which products bfloat16 work gets on this CPU, decided here for every
 // site that multiplies (the kernels only run what they are given).
 //   kAmxTiles    AMX-BF16 tiles (kernels/isa/amx_bf16.hpp): the attention forward's query
-//                tiles (where FitsAmxTiles, shape_policy.hpp) and the attention backward;
+//                tiles (where FitsAmxTiles, shape_policy.hpp), the attention backward and
+//                the projections' GEMM;
 //   kAvx512Bf16  vdpbf16ps register blocks (kernels/isa/avx512_bf16-inl.h): every site;
 //   kFloat32     float32 products (bfloat16 values widened exactly; for kBFloat16 only where
 //                a kernel has no bfloat16 products, e.g. decoding's row groups).
@@ -53,10 +54,10 @@ Bf16Cpu this_cpu_bf16();  // the values for this CPU, the SIMD cap and the AMX s
 // The rule. kFloat32: kFloat32. kFloat16: kFloat32 (attend::Error where the CPU has no
 // float16 products). kBFloat16: AMX tiles where the site has them, else AVX512_BF16;
 // attend::Error without AVX512_BF16 (or capped below AVX-512), naming why. kAuto, bfloat16
-// inputs: AMX tiles where the site has them; else AVX512_BF16 where it wins (AMD); else
-// float32 products (Intel without AMX, the projections on Intel, shapes past FitsAmxTiles):
-// faster there and exact in the products. kAuto, other inputs: kFloat32. `amx_fits`: the
-// shape fits the site's AMX operands (FitsAmxTiles for the forward).
+// inputs: AMX tiles where the CPU has them; else AVX512_BF16 where it wins (AMD); else
+// float32 products (Intel without AMX, shapes past FitsAmxTiles): faster there and exact in
+// the products. kAuto, other inputs: kFloat32. `amx_fits`: the shape fits the forward's AMX
+// operands (FitsAmxTiles; the backward and the projections pack per tile, so always fit).
 Bf16Products choose_bf16_products(const Bf16Cpu& cpu, DType input_dtype, ComputePrecision compute,
                                   ProductSite site, bool amx_fits = true);
 inline Bf16Products bf16_products(DType input_dtype, ComputePrecision compute, ProductSite site,

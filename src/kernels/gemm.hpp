@@ -33,6 +33,9 @@ struct LinearParams {
   // otherwise, float32 products (the input widened exactly, the weight as given).
   const uint16_t* input_bf16 = nullptr;
   bool bf16_products = false;
+  // With bf16_products, on AMX tiles (AMX-BF16, where amx_bf16_products() holds; else
+  // AVX512_BF16): the same rounding of both operands, float32 accumulation from the bias.
+  bool amx_tiles = false;
 };
 
 // Computes the product described by `params`. Throws attend::Error when the packing buffer
