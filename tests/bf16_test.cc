@@ -48,38 +48,15 @@ double max_abs(const TensorView& view) { return test::max_abs(values_of(view)); 
 // policy, tests/precision_policy_test.cc).
 bool bf16_available() { return detail::native_bf16_products(); }
 
-// One bfloat16 path: AMX tiles on or off for the test's duration.
-class Bf16Path : public ::testing::TestWithParam<bool> {
+// One bfloat16 path (reduced_precision_support.hpp), and what the kernel's name says for it.
+class Bf16Path : public Bf16PathTest {
  protected:
-  void SetUp() override {
-    if (!bf16_available()) GTEST_SKIP() << "skipped: " << detail::why_no_bf16_products();
-    if (GetParam() && !detail::amx_bf16_products()) {
-      GTEST_SKIP() << "skipped: " << detail::why_no_amx_bf16();
-    }
-    previous_ = amx_enabled();
-    set_amx_enabled(GetParam());
-  }
-  void TearDown() override { set_amx_enabled(previous_); }
-  // What the kernel's name says for this path.
   std::string path_name() const {
     return GetParam() ? "bfloat16 products, AMX tiles" : "bfloat16 products)";
   }
-  // Whether bfloat16 inputs with the default precision take this path (the precision policy:
-  // on Intel without AMX tiles they take float32 products).
-  bool default_takes_this_path() const {
-    return detail::bf16_products(DType::kBFloat16, ComputePrecision::kAuto,
-                                 detail::ProductSite::kAttention) ==
-           (GetParam() ? detail::Bf16Products::kAmxTiles : detail::Bf16Products::kAvx512Bf16);
-  }
-
- private:
-  bool previous_ = true;
 };
 
-INSTANTIATE_TEST_SUITE_P(Bf16Products, Bf16Path, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "AmxTiles" : "Avx512Bf16";
-                         });
+INSTANTIATE_TEST_SUITE_P(Bf16Products, Bf16Path, ::testing::Values(false, true), Bf16PathName);
 
 TEST_P(Bf16Path, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
   int native = 0, cases = 0;
@@ -110,7 +87,7 @@ TEST_P(Bf16Path, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
 
     // bfloat16 inputs with the default precision take the same path where the policy gives
     // it to them, bit for bit, and any thread count gives the same bits.
-    if (!default_takes_this_path()) continue;
+    if (!default_takes_this_path(detail::ProductSite::kAttention)) continue;
     AttentionOptions automatic = in.options;
     automatic.num_threads = 1;
     const Result from_bf16 = run(qb.view(), kb.view(), vb.view(), automatic);

@@ -34,8 +34,8 @@ struct Row {
   Bf16Cpu cpu;
   S site;
   bool amx_fits;
-  P automatic;   // bfloat16 inputs, ComputePrecision::kAuto
-  P requested;   // ComputePrecision::kBFloat16 (any inputs)
+  P automatic;  // bfloat16 inputs, ComputePrecision::kAuto
+  P requested;  // ComputePrecision::kBFloat16 (any inputs)
 };
 
 TEST(PrecisionPolicy, EachCpuKindGetsItsProducts) {
@@ -57,18 +57,19 @@ TEST(PrecisionPolicy, EachCpuKindGetsItsProducts) {
       {"spr-no-amx", kSapphireRapidsNoAmx, S::kProjections, true, P::kFloat32, P::kAvx512Bf16},
   };
   for (const Row& row : table) {
-    SCOPED_TRACE(std::string(row.cpu_name) + ", site " + std::to_string(static_cast<int>(row.site)) +
+    SCOPED_TRACE(std::string(row.cpu_name) + ", site " +
+                 std::to_string(static_cast<int>(row.site)) +
                  (row.amx_fits ? "" : ", past FitsAmxTiles"));
     EXPECT_EQ(choose_bf16_products(row.cpu, DType::kBFloat16, ComputePrecision::kAuto, row.site,
                                    row.amx_fits),
               row.automatic);
     for (DType input : {DType::kBFloat16, DType::kFloat32, DType::kFloat16}) {
-      EXPECT_EQ(choose_bf16_products(row.cpu, input, ComputePrecision::kBFloat16, row.site,
-                                     row.amx_fits),
-                row.requested);
-      EXPECT_EQ(choose_bf16_products(row.cpu, input, ComputePrecision::kFloat32, row.site,
-                                     row.amx_fits),
-                P::kFloat32);
+      EXPECT_EQ(
+          choose_bf16_products(row.cpu, input, ComputePrecision::kBFloat16, row.site, row.amx_fits),
+          row.requested);
+      EXPECT_EQ(
+          choose_bf16_products(row.cpu, input, ComputePrecision::kFloat32, row.site, row.amx_fits),
+          P::kFloat32);
     }
     // Other inputs with the default precision: float32 products.
     EXPECT_EQ(choose_bf16_products(row.cpu, DType::kFloat32, ComputePrecision::kAuto, row.site,
@@ -85,15 +86,12 @@ TEST(PrecisionPolicy, WithoutAvx512Bf16DefaultIsFloat32AndRequestIsRefused) {
     EXPECT_EQ(choose_bf16_products(kNoBf16, DType::kBFloat16, ComputePrecision::kAuto, site),
               P::kFloat32);
     test::expect_error(
-        [&] {
-          choose_bf16_products(kNoBf16, DType::kBFloat16, ComputePrecision::kBFloat16, site);
-        },
+        [&] { choose_bf16_products(kNoBf16, DType::kBFloat16, ComputePrecision::kBFloat16, site); },
         "this CPU has no AVX512_BF16");
   }
   // An AMX flag without AVX512_BF16 (a SIMD cap below AVX-512) never runs the tiles.
   const Bf16Cpu capped{"attend's SIMD target is capped below AVX-512", true, false};
-  EXPECT_EQ(choose_bf16_products(capped, DType::kBFloat16, ComputePrecision::kAuto,
-                                 S::kAttention),
+  EXPECT_EQ(choose_bf16_products(capped, DType::kBFloat16, ComputePrecision::kAuto, S::kAttention),
             P::kFloat32);
 }
 

@@ -22,6 +22,7 @@
 #include "error_model.hpp"
 #include "independent_gradients.hpp"
 #include "independent_reference.hpp"
+#include "reduced_precision_support.hpp"
 #include "sdpa_cases.hpp"
 
 namespace attend::test {
@@ -194,34 +195,9 @@ bool same_bits(const AttentionGradients& a, const AttentionGradients& b) {
   return same(a.query, b.query) && same(a.key, b.key) && same(a.value, b.value);
 }
 
-class Bf16Backward : public ::testing::TestWithParam<bool> {
- protected:
-  void SetUp() override {
-    if (!detail::native_bf16_products()) {
-      GTEST_SKIP() << "skipped: " << detail::why_no_bf16_products();
-    }
-    if (GetParam() && !detail::amx_bf16_products()) {
-      GTEST_SKIP() << "skipped: " << detail::why_no_amx_bf16();
-    }
-    previous_ = amx_enabled();
-    set_amx_enabled(GetParam());
-  }
-  void TearDown() override { set_amx_enabled(previous_); }
-  // The path of kBFloat16 here, and whether kAuto takes it for bfloat16 inputs.
-  bool default_takes_this_path() const {
-    return detail::bf16_products(DType::kBFloat16, ComputePrecision::kAuto,
-                                 detail::ProductSite::kAttentionBackward) ==
-           (GetParam() ? detail::Bf16Products::kAmxTiles : detail::Bf16Products::kAvx512Bf16);
-  }
+using Bf16Backward = Bf16PathTest;  // reduced_precision_support.hpp
 
- private:
-  bool previous_ = true;
-};
-
-INSTANTIATE_TEST_SUITE_P(Bf16Products, Bf16Backward, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "AmxTiles" : "Avx512Bf16";
-                         });
+INSTANTIATE_TEST_SUITE_P(Bf16Products, Bf16Backward, ::testing::Values(false, true), Bf16PathName);
 
 TEST_P(Bf16Backward, WithinTheirErrorModel) {
   int checked = 0;
@@ -254,7 +230,7 @@ TEST_P(Bf16Backward, WithinTheirErrorModel) {
     };
     r.gradients = backward(ComputePrecision::kBFloat16);
     expect_gradients_close("bfloat16", r, check);
-    if (default_takes_this_path()) {
+    if (default_takes_this_path(detail::ProductSite::kAttentionBackward)) {
       const AttentionGradients automatic = backward(ComputePrecision::kAuto);
       EXPECT_TRUE(same_bits(automatic, r.gradients));
     }
@@ -278,9 +254,8 @@ TEST_P(Bf16Backward, ResultsDoNotDependOnTheThreadCount) {
   std::vector<AttentionGradients> runs;
   for (int threads : {1, 2, 3}) {
     options.num_threads = threads;
-    runs.push_back(scaled_dot_product_attention_backward(g.view(), q.view(), k.view(), v.view(),
-                                                         f.output.view(), f.logsumexp.view(),
-                                                         options));
+    runs.push_back(scaled_dot_product_attention_backward(
+        g.view(), q.view(), k.view(), v.view(), f.output.view(), f.logsumexp.view(), options));
   }
   for (size_t i = 1; i < runs.size(); ++i) EXPECT_TRUE(same_bits(runs[0], runs[i])) << i;
 }

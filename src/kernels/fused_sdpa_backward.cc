@@ -43,8 +43,9 @@
 #include "kernels/kernel_common-inl.h"
 // The score rules a vector at a time, once per target.
 #include "kernels/score_rules-inl.h"
-// bfloat16 products (AVX512_BF16), and on AMX tiles (SdpaParams::amx_tiles).
+// bfloat16 products (AVX512_BF16),
 #include "kernels/isa/avx512_bf16-inl.h"
+// and on AMX tiles (SdpaParams::amx_tiles).
 #include "kernels/isa/amx_bf16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -158,7 +159,9 @@ void Product(int64_t rows, int64_t vectors, int64_t depth, const A* a, int64_t a
 #if ATTEND_BACKWARD_BF16
     const PairsC out{c, c_row, accumulate ? PairStart::kAccumulate : PairStart::kZero};
 #if ATTEND_AMX_BF16
-    if (amx) return AmxBf16::Product(rows, vectors, depth, PairsA{a, a_row, a_col}, PairsB{b, b_row}, out);
+    if (amx) {
+      return AmxBf16::Product(rows, vectors, depth, PairsA{a, a_row, a_col}, PairsB{b, b_row}, out);
+    }
 #endif
     HWY_ASSERT(!amx);
     Products::Product(rows, vectors, depth, PairsA{a, a_row, a_col}, PairsB{b, b_row}, out);
@@ -226,8 +229,8 @@ struct BackwardWorkspace {
   int64_t e2s = 0, ev2s = 0, tile_pairs = 0, key_row = 0, value_row = 0;
   hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs_t;  // [t][E2'][Tq]   Q along E (unscaled)
   hwy::AlignedFreeUniquePtr<uint32_t[]> dout_pairs_t;   // [t][Ev2'][Tq]  dO along Ev
-  hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs;  // [Lq_pad/2 + 16][E_pad]  Q along queries
-  hwy::AlignedFreeUniquePtr<uint32_t[]> dout_pairs;   // [Lq_pad/2 + 16][Ev_pad] dO along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs;    // [Lq_pad/2 + 16][E_pad]  Q along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> dout_pairs;     // [Lq_pad/2 + 16][Ev_pad] dO along queries
   hwy::AlignedFreeUniquePtr<uint32_t[]> key_rows;       // [Tk][E_pad/2']   K along E
   hwy::AlignedFreeUniquePtr<uint32_t[]> value_rows;     // [Tk][Ev_pad/2']  V along Ev
   hwy::AlignedFreeUniquePtr<uint32_t[]> key_pairs;      // [Tk/2][E_pad]   K along keys
@@ -289,8 +292,7 @@ struct BackwardWorkspace {
       grad_pairs = u32(kKeyTile * tile_pairs);
       grad_pairs_t = u32(kKeyTile / 2 * tq);
       bf16_ok = query_pairs_t && dout_pairs_t && query_pairs && dout_pairs && key_rows &&
-                value_rows && key_pairs && key_pairs_t && prob_pairs && grad_pairs &&
-                grad_pairs_t;
+                value_rows && key_pairs && key_pairs_t && prob_pairs && grad_pairs && grad_pairs_t;
     }
   }
   bool ok() const {
@@ -533,8 +535,7 @@ class BackwardItem {
       PackTilePairs(keys);
       const int64_t row_pairs = (rows + 1) / 2, key_pairs = (keys + 1) / 2;
       Product(keys, ev_pad / kLanes, row_pairs, ws_.prob_pairs.get(), ws_.tile_pairs, 1,
-              ws_.dout_pairs.get() + q0 / 2 * ev_pad, ev_pad, ws_.dv.get(), ev_pad, true,
-              ws_.amx);
+              ws_.dout_pairs.get() + q0 / 2 * ev_pad, ev_pad, ws_.dv.get(), ev_pad, true, ws_.amx);
       Product(keys, e_pad / kLanes, row_pairs, ws_.grad_pairs.get(), ws_.tile_pairs, 1,
               ws_.query_pairs.get() + q0 / 2 * e_pad, e_pad, ws_.dk.get(), e_pad, true, ws_.amx);
       if (ws_.amx) {  // dQᵀ (E_pad × Tq) += Kᵀ·dSᵀ, keys deep

@@ -356,7 +356,8 @@ void LinearAmx(const LinearParams& p) {
   auto packed = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(panels * pairs * kWidth));
   auto input = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(rows_pad * pairs));
   if (!packed || !input) {
-    throw Error("linear: cannot allocate " + std::to_string((panels * kWidth + rows_pad) * pairs * 4) +
+    throw Error("linear: cannot allocate " +
+                std::to_string((panels * kWidth + rows_pad) * pairs * 4) +
                 " bytes to pack the operands");
   }
   const double multiply_adds =
@@ -395,9 +396,9 @@ void LinearAmx(const LinearParams& p) {
           staging[r * kWidth + c] = p.bias && c < cols ? p.bias[n0 + c] : 0.0f;
         }
       }
-      amx::GemmBf16(kRows, kWidth, pairs * 2, reinterpret_cast<const uint16_t*>(input.get()) +
-                    m0 * pairs * 2, pairs * 2, packed.get() + panel * pairs * kWidth, kWidth,
-                    staging, kWidth, true);
+      amx::GemmBf16(kRows, kWidth, pairs * 2,
+                    reinterpret_cast<const uint16_t*>(input.get()) + m0 * pairs * 2, pairs * 2,
+                    packed.get() + panel * pairs * kWidth, kWidth, staging, kWidth, true);
       for (int64_t r = 0; r < rows; ++r) {
         std::memcpy(p.output + (m0 + r) * p.output_row_stride + n0, staging + r * kWidth,
                     static_cast<size_t>(cols) * sizeof(float));
