@@ -8,13 +8,13 @@
 # instead of spinning on CPU time.
 set -euo pipefail
 ATTEND=$1 ROUNDS=${2:-5} OUT=${3:-bench_bf16_rounds.jsonl}
-LIST="s4-bf16 s4 unet-bf16 unet s4-causal-bf16 s4-causal s4-bwd-bf16 s4-bwd unet-block-bf16
-unet-block s4-bf16-avx512"
+CASES=(s4-bf16 s4 unet-bf16 unet s4-causal-bf16 s4-causal s4-bwd-bf16 s4-bwd unet-block-bf16
+  unet-block s4-bf16-avx512)
 : >"$OUT"
 for r in $(seq 1 "$ROUNDS"); do
-  list=$LIST
-  if [ $((r % 2)) = 0 ]; then list=$(echo $LIST | tr ' ' '\n' | tac | tr '\n' ' '); fi
-  for c in $list; do
+  order=("${CASES[@]}")
+  if [ $((r % 2)) = 0 ]; then mapfile -t order < <(printf '%s\n' "${CASES[@]}" | tac); fi
+  for c in "${order[@]}"; do
     "$ATTEND" bench --case "$c" --repetitions 3 --json 2>/dev/null |
       sed "s/^{/{\"round\":$r,/" >>"$OUT"
   done
