@@ -80,6 +80,23 @@ std::atomic<bool>& amx_switch() {
 
 }  // namespace
 
+CpuVendor cpu_vendor() {
+  static const CpuVendor vendor = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __cpuid(0, a, b, c, d);
+    char name[13] = {};
+    std::memcpy(name, &b, 4);  // the vendor string is EBX, EDX, ECX
+    std::memcpy(name + 4, &d, 4);
+    std::memcpy(name + 8, &c, 4);
+    if (std::strcmp(name, "GenuineIntel") == 0) return CpuVendor::kIntel;
+    if (std::strcmp(name, "AuthenticAMD") == 0) return CpuVendor::kAmd;
+#endif
+    return CpuVendor::kOther;
+  }();
+  return vendor;
+}
+
 const PrecisionSupport& cpu_precision_support() {
   static const PrecisionSupport support = detect();
   return support;

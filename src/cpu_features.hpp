@@ -37,6 +37,11 @@ const char* why_no_amx_bf16();
 void set_amx_switch(bool on);
 bool amx_switched_on();
 
+// The CPU's maker (cpuid leaf 0's vendor string), read once: the precision policy
+// (boundary/operands.hpp) reads what the maker's cores are known to do with vdpbf16ps.
+enum class CpuVendor { kOther, kIntel, kAmd };
+CpuVendor cpu_vendor();
+
 // Whether the dispatched SIMD target widens float16 to float32 exactly, infinities and NaNs
 // included (x86 with F16C: AVX2 and above); Highway's software widening does not.
 bool exact_f16_widening();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "boundary/operands.hpp"
 #include "cpu_features.hpp"
 #include "quote.hpp"
 #include "simd_dispatch.hpp"
@@ -110,12 +111,34 @@ bool amx_enabled() { return detail::amx_switched_on(); }
 PrecisionSupport precision_support() { return detail::cpu_precision_support(); }
 
 std::string bf16_compute_path() {
-  if (detail::amx_bf16_products()) {
-    return "bfloat16 products (AMX-BF16 tiles in attention's forward query tiles, AVX512_BF16 "
-           "in the backward and the projections)";
+  if (!detail::native_bf16_products()) {
+    return std::string("float32 products (") + detail::why_no_bf16_products() + ")";
   }
-  if (detail::native_bf16_products()) return "bfloat16 products (AVX512_BF16)";
-  return std::string("float32 products (") + detail::why_no_bf16_products() + ")";
+  // The precision policy's choice for bfloat16 inputs (kAuto) at each site.
+  using detail::Bf16Products;
+  const auto at = [](detail::ProductSite site) {
+    switch (detail::bf16_products(DType::kBFloat16, ComputePrecision::kAuto, site)) {
+      case Bf16Products::kAmxTiles:
+        return std::string("AMX-BF16 tiles");
+      case Bf16Products::kAvx512Bf16:
+        return std::string("AVX512_BF16");
+      case Bf16Products::kFloat32:
+        break;
+    }
+    return std::string("float32");
+  };
+  const std::string attention = at(detail::ProductSite::kAttention);
+  const std::string backward = at(detail::ProductSite::kAttentionBackward);
+  const std::string projections = at(detail::ProductSite::kProjections);
+  const char* why_float32 =
+      "vdpbf16ps is no faster than float32 FMAs on this CPU (Intel: half their FLOP rate); "
+      "ComputePrecision::kBFloat16 runs it";
+  if (attention == "float32" && backward == "float32" && projections == "float32") {
+    return std::string("float32 products (") + why_float32 + ")";
+  }
+  std::string path = "bfloat16 products (attention's forward query tiles: " + attention +
+                     ", backward: " + backward + ", projections: " + projections;
+  return path + ")";
 }
 
 std::string fp16_compute_path() {

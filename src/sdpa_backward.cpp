@@ -90,10 +90,15 @@ void run_backward(const TensorView& grad_output, const TensorView& query, const 
   SdpaBackwardParams bp;
   bp.forward = detail::make_params(query, key, value, problem, options, inputs, true);
   detail::SdpaParams& p = bp.forward;
-  // bfloat16 products where the forward would take them (the fused kernel rounds the
-  // float32 operands as it packs them).
-  p.bf16_backward = options.backend != Backend::kReference &&
-                    detail::wants_bf16_products(query.dtype, options.compute);
+  // bfloat16 products as the precision policy says for the backward (the fused kernel rounds
+  // the float32 operands as it packs them): on AMX tiles or AVX512_BF16.
+  const detail::Bf16Products products =
+      options.backend == Backend::kReference
+          ? detail::Bf16Products::kFloat32
+          : detail::bf16_products(query.dtype, options.compute,
+                                  detail::ProductSite::kAttentionBackward);
+  p.bf16_backward = products != detail::Bf16Products::kFloat32;
+  p.amx_tiles = products == detail::Bf16Products::kAmxTiles;
 
   std::optional<Tensor> output_copy, grad_output_copy;
   const TensorView o = detail::as_kernel_float(output, output_copy);

@@ -103,8 +103,9 @@ TEST(AmxBf16, GemmMatchesFloat64Product) {
 #endif
 }
 
-// Switched off (attend::set_amx_enabled, ATTEND_AMX=0), the bfloat16 products stay on
-// AVX512_BF16 and say so; switched on again, AMX.
+// Switched off (attend::set_amx_enabled, ATTEND_AMX=0), bfloat16 inputs leave the tiles (to
+// AVX512_BF16 on AMD, float32 products on Intel: tests/precision_policy_test.cc) and
+// bf16_compute_path says so; switched on again, AMX.
 TEST(AmxBf16, SwitchChoosesThePath) {
   if (!amx_bf16_products()) GTEST_SKIP() << "skipped: " << why_no_amx_bf16();
   set_amx_enabled(false);
@@ -120,7 +121,8 @@ TEST(AmxBf16, SwitchChoosesThePath) {
 }
 
 // The tiles' layout pads every key to 32 elements of E: the boundary bounds that copy on its
-// own, so a tiny E over very many keys stays on AVX512_BF16 rather than taking gigabytes.
+// own, so a tiny E over very many keys leaves the tiles (the policy's choice without AMX)
+// rather than taking gigabytes.
 TEST(AmxBf16, TileLayoutIsBoundedOnItsOwn) {
   const int64_t many_keys = int64_t{20} << 20;
   EXPECT_TRUE(FitsPackedBf16(many_keys, 1, 1));

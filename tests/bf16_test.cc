@@ -27,6 +27,7 @@
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
+#include "boundary/operands.hpp"
 #include "cpu_features.hpp"
 #include "reduced_precision_support.hpp"
 #include "sdpa_cases.hpp"
@@ -43,33 +44,19 @@ Tensor bf16_copy(const TensorView& view) { return copy_as(view, DType::kBFloat16
 
 double max_abs(const TensorView& view) { return test::max_abs(values_of(view)); }
 
-bool bf16_available() { return bf16_compute_path().rfind("bfloat16", 0) == 0; }
+// ComputePrecision::kBFloat16 runs (kAuto may still choose float32 products: the precision
+// policy, tests/precision_policy_test.cc).
+bool bf16_available() { return detail::native_bf16_products(); }
 
-// One bfloat16 path: AMX tiles on or off for the test's duration.
-class Bf16Path : public ::testing::TestWithParam<bool> {
+// One bfloat16 path (reduced_precision_support.hpp), and what the kernel's name says for it.
+class Bf16Path : public Bf16PathTest {
  protected:
-  void SetUp() override {
-    if (!bf16_available()) GTEST_SKIP() << "skipped: " << bf16_compute_path();
-    if (GetParam() && !detail::amx_bf16_products()) {
-      GTEST_SKIP() << "skipped: " << detail::why_no_amx_bf16();
-    }
-    previous_ = amx_enabled();
-    set_amx_enabled(GetParam());
-  }
-  void TearDown() override { set_amx_enabled(previous_); }
-  // What the kernel's name says for this path.
   std::string path_name() const {
     return GetParam() ? "bfloat16 products, AMX tiles" : "bfloat16 products)";
   }
-
- private:
-  bool previous_ = true;
 };
 
-INSTANTIATE_TEST_SUITE_P(Bf16Products, Bf16Path, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return info.param ? "AmxTiles" : "Avx512Bf16";
-                         });
+INSTANTIATE_TEST_SUITE_P(Bf16Products, Bf16Path, ::testing::Values(false, true), Bf16PathName);
 
 TEST_P(Bf16Path, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
   int native = 0, cases = 0;
@@ -98,8 +85,9 @@ TEST_P(Bf16Path, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
           << fused.kernel << ": weights error " << weights_error << ", naive " << naive_weights;
     }
 
-    // bfloat16 inputs with the default precision take the same path, bit for bit, and any
-    // thread count gives the same bits.
+    // bfloat16 inputs with the default precision take the same path where the policy gives
+    // it to them, bit for bit, and any thread count gives the same bits.
+    if (!default_takes_this_path(detail::ProductSite::kAttention)) continue;
     AttentionOptions automatic = in.options;
     automatic.num_threads = 1;
     const Result from_bf16 = run(qb.view(), kb.view(), vb.view(), automatic);
@@ -132,6 +120,7 @@ TEST_P(Bf16Path, ResultsDoNotDependOnTheThreadCount) {
   const Tensor v = random_tensor({2, 3, 700, 48}, 3, 1.0, DType::kBFloat16);
   AttentionOptions options;
   options.causal = true;
+  options.compute = ComputePrecision::kBFloat16;
   options.num_threads = 1;
   const Tensor one = scaled_dot_product_attention(q.view(), k.view(), v.view(), options).output;
   options.num_threads = 2;

@@ -1,6 +1,7 @@
 // reduced_precision_support.hpp: what the tests of the reduced-precision products
-// (bf16_test.cc, f16_test.cc) share: rounding to a half precision, error measures, one call's
-// results with the kernel that ran it, and the check of a refusal's message.
+// (bf16_test.cc, f16_test.cc, sdpa_backward_test.cc) share: rounding to a half precision,
+// error measures, one call's results with the kernel that ran it, the check of a refusal's
+// message, and the fixture that runs a test on each bfloat16 path.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,7 +12,10 @@
 #include <vector>
 
 #include "attend/error.hpp"
+#include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
+#include "boundary/operands.hpp"
+#include "cpu_features.hpp"
 #include "sdpa_cases.hpp"
 
 namespace attend::test {
@@ -95,6 +99,36 @@ inline GridRuns run_grid_case(const CaseInputs& in, DType half, ComputePrecision
   options.compute = compute;
   runs.fused = run(in.query, in.key, in.value, options);
   return runs;
+}
+
+// A test on one bfloat16 path: AVX512_BF16 (GetParam() false) or AMX tiles (true), AMX
+// switched on or off for the test's duration (attend::set_amx_enabled); skipped with the
+// reason where the CPU lacks the path. Instantiate with Bf16PathName.
+class Bf16PathTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (!detail::native_bf16_products()) {
+      GTEST_SKIP() << "skipped: " << detail::why_no_bf16_products();
+    }
+    if (GetParam() && !detail::amx_bf16_products()) {
+      GTEST_SKIP() << "skipped: " << detail::why_no_amx_bf16();
+    }
+    previous_ = amx_enabled();
+    set_amx_enabled(GetParam());
+  }
+  void TearDown() override { set_amx_enabled(previous_); }
+  // Whether bfloat16 inputs with the default precision take this path at `site` (the
+  // precision policy: on Intel without AMX tiles they take float32 products).
+  bool default_takes_this_path(detail::ProductSite site) const {
+    return detail::bf16_products(DType::kBFloat16, ComputePrecision::kAuto, site) ==
+           (GetParam() ? detail::Bf16Products::kAmxTiles : detail::Bf16Products::kAvx512Bf16);
+  }
+
+ private:
+  bool previous_ = true;
+};
+inline std::string Bf16PathName(const ::testing::TestParamInfo<bool>& info) {
+  return info.param ? "AmxTiles" : "Avx512Bf16";
 }
 
 }  // namespace attend::test

@@ -16,10 +16,13 @@
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
+#include "boundary/operands.hpp"
+#include "cpu_features.hpp"
 #include "dropout.hpp"
 #include "error_model.hpp"
 #include "independent_gradients.hpp"
 #include "independent_reference.hpp"
+#include "reduced_precision_support.hpp"
 #include "sdpa_cases.hpp"
 
 namespace attend::test {
@@ -179,14 +182,24 @@ void expect_meaningful(const std::string& what, const std::vector<double>& exact
   }
 }
 
-// bfloat16 inputs through the bfloat16 backward (AVX512_BF16): every case of the grid against
-// the independent gradient of the rounded problem, with the error model's bfloat16 terms
-// (independent_gradients.hpp). O and the log-sum-exp come from a float32-product forward, so
-// that the backward's own error is what is checked.
-TEST(SdpaBackward, Bf16ProductsWithinTheirErrorModel) {
-  if (bf16_compute_path().rfind("bfloat16", 0) != 0) {
-    GTEST_SKIP() << "skipped: " << bf16_compute_path();
-  }
+// bfloat16 inputs through the bfloat16 backward, on each path the host has (AVX512_BF16,
+// and AMX tiles where attend::set_amx_enabled can switch them on: the same rounding points,
+// so one error model): every case of the grid against the independent gradient of the
+// rounded problem, with the error model's bfloat16 terms (independent_gradients.hpp). O and
+// the log-sum-exp come from a float32-product forward, so that the backward's own error is
+// what is checked. The default precision gives the policy's path bit for bit.
+bool same_bits(const AttentionGradients& a, const AttentionGradients& b) {
+  const auto same = [](const Tensor& x, const Tensor& y) {
+    return x.nbytes() == y.nbytes() && std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
+  };
+  return same(a.query, b.query) && same(a.key, b.key) && same(a.value, b.value);
+}
+
+using Bf16Backward = Bf16PathTest;  // reduced_precision_support.hpp
+
+INSTANTIATE_TEST_SUITE_P(Bf16Products, Bf16Backward, ::testing::Values(false, true), Bf16PathName);
+
+TEST_P(Bf16Backward, WithinTheirErrorModel) {
   int checked = 0;
   for (const BackwardCase& c : cases()) {
     if (c.spec.ill_conditioned) continue;
@@ -208,13 +221,70 @@ TEST(SdpaBackward, Bf16ProductsWithinTheirErrorModel) {
     forward_options.compute = ComputePrecision::kFloat32;
     Outcome r;
     r.forward = scaled_dot_product_attention(q.view(), k.view(), v.view(), forward_options);
-    r.gradients = scaled_dot_product_attention_backward(g.view(), q.view(), k.view(), v.view(),
-                                                        r.forward.output.view(),
-                                                        r.forward.logsumexp.view(), options);
+    const auto backward = [&](ComputePrecision compute) {
+      AttentionOptions o = options;
+      o.compute = compute;
+      return scaled_dot_product_attention_backward(g.view(), q.view(), k.view(), v.view(),
+                                                   r.forward.output.view(),
+                                                   r.forward.logsumexp.view(), o);
+    };
+    r.gradients = backward(ComputePrecision::kBFloat16);
     expect_gradients_close("bfloat16", r, check);
+    if (default_takes_this_path(detail::ProductSite::kAttentionBackward)) {
+      const AttentionGradients automatic = backward(ComputePrecision::kAuto);
+      EXPECT_TRUE(same_bits(automatic, r.gradients));
+    }
     ++checked;
   }
   EXPECT_GT(checked, 0);
+}
+
+// The bfloat16 backward's gradients are the same bits at any thread count, on each path
+// (several key chunks: dQ's parts are summed in chunk order).
+TEST_P(Bf16Backward, ResultsDoNotDependOnTheThreadCount) {
+  const Tensor q = random_tensor({2, 3, 150, 72}, 1);  // float32, rounded by kBFloat16
+  const Tensor k = random_tensor({2, 3, 300, 72}, 2);
+  const Tensor v = random_tensor({2, 3, 300, 40}, 3);
+  const Tensor g = random_tensor({2, 3, 150, 40}, 4);
+  AttentionOptions options;
+  options.causal = true;
+  options.need_logsumexp = true;
+  options.compute = ComputePrecision::kBFloat16;
+  const AttentionResult f = scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
+  std::vector<AttentionGradients> runs;
+  for (int threads : {1, 2, 3}) {
+    options.num_threads = threads;
+    runs.push_back(scaled_dot_product_attention_backward(
+        g.view(), q.view(), k.view(), v.view(), f.output.view(), f.logsumexp.view(), options));
+  }
+  for (size_t i = 1; i < runs.size(); ++i) EXPECT_TRUE(same_bits(runs[0], runs[i])) << i;
+}
+
+// AMX tiles and AVX512_BF16 add the pairs' halves in different orders (tdpbf16ps and
+// vdpbf16ps), so where both run, their gradients differ in some last bits: the switch does
+// change the path (and each meets the error model above).
+TEST(SdpaBackward, AmxTilesAndAvx512Bf16AreBothRun) {
+  if (!detail::amx_bf16_products()) GTEST_SKIP() << "skipped: " << detail::why_no_amx_bf16();
+  // float32 inputs and gradients (rounded by kBFloat16), so that the last bits show.
+  const Tensor q = random_tensor({1, 2, 70, 64}, 5);
+  const Tensor k = random_tensor({1, 2, 90, 64}, 6);
+  const Tensor g = random_tensor({1, 2, 70, 64}, 7);
+  AttentionOptions options;
+  options.need_logsumexp = true;
+  options.compute = ComputePrecision::kBFloat16;
+  const AttentionResult f = scaled_dot_product_attention(q.view(), k.view(), k.view(), options);
+  const auto backward = [&](bool amx) {
+    const bool previous = amx_enabled();
+    set_amx_enabled(amx);
+    AttentionGradients r = scaled_dot_product_attention_backward(
+        g.view(), q.view(), k.view(), k.view(), f.output.view(), f.logsumexp.view(), options);
+    set_amx_enabled(previous);
+    return r;
+  };
+  const AttentionGradients tiles = backward(true), blocks = backward(false);
+  EXPECT_NE(values_of(tiles.query.view()), values_of(blocks.query.view()));
+  EXPECT_NE(values_of(tiles.key.view()), values_of(blocks.key.view()));
+  EXPECT_NE(values_of(tiles.value.view()), values_of(blocks.value.view()));
 }
 
 TEST(SdpaBackward, IndependentGradientMatchesFiniteDifferences) {

@@ -86,6 +86,7 @@
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
 #include "attend/varlen.hpp"
+#include "cpu_features.hpp"
 #include "error_model.hpp"
 #include "half.hpp"
 #include "independent_gradients.hpp"
@@ -463,7 +464,7 @@ void bf16_problem(Random& random, const std::string& name, const std::string& ta
   std::vector<double> fused, again;
   {
     ScopedSimdCap cap(target);
-    const bool native = bf16_compute_path().rfind("bfloat16", 0) == 0;
+    const bool native = detail::native_bf16_products();
     if (native) ++counts.bf16_native;
     if (native) options.compute = ComputePrecision::kBFloat16;
     const TensorView q = native ? in.query : qb.view(), k = native ? in.key : kb.view(),

@@ -41,9 +41,12 @@ struct PrecisionSupport {
 };
 PrecisionSupport precision_support();
 
-// The matrix products attention runs for bfloat16 and float16 inputs on this CPU now (after
-// the SIMD cap and the AMX switch), e.g. "bfloat16 products (AMX-BF16 tiles in ...)",
-// "bfloat16 products (AVX512_BF16)" or "float32 products (this CPU has no AVX512_BF16)".
+// The matrix products bfloat16 and float16 inputs get on this CPU now with the default
+// ComputePrecision::kAuto (after the SIMD cap and the AMX switch), per site for bfloat16:
+// e.g. "bfloat16 products (attention's forward query tiles: AMX-BF16 tiles, backward: ...,
+// projections: ...)", or "float32 products (this CPU has no AVX512_BF16)" — or, on a CPU
+// whose vdpbf16ps is no faster than float32 FMAs and has no AMX, "float32 products (...)"
+// although ComputePrecision::kBFloat16 runs them.
 std::string bf16_compute_path();
 std::string fp16_compute_path();
 

@@ -13,6 +13,7 @@
 #include "attend/plan.hpp"
 #include "attend/sdpa_backward.hpp"
 #include "attend/spatial.hpp"
+#include "boundary/operands.hpp"
 #include "cpu_features.hpp"
 
 namespace attend::bench {
@@ -252,7 +253,8 @@ const std::vector<BenchCase>& bench_cases() {
       // s4-bf16 with AMX switched off: the AVX512_BF16 register blocks beside the AMX tiles
       // (issue 26); the same as s4-bf16 on a host without AMX.
       {.name = "s4-bf16-avx512",
-       .shape = {1, 16, 2048, 2048, 128, false, false, {}, DType::kBFloat16},
+       .shape = {1, 16, 2048, 2048, 128, false, false, {}, DType::kBFloat16, 0,
+                 ComputePrecision::kBFloat16},
        .target = {TargetKind::kNone, 0},
        .summary = "s4-bf16 on AVX512_BF16 (AMX tiles switched off)",
        .baseline = "s4",
@@ -272,7 +274,8 @@ const std::vector<BenchCase>& bench_cases() {
        .workload = Workload::kAttentionBackward,
        .target = {TargetKind::kMinSpeedup, 1.5},
        .summary = "s4's backward in bfloat16",
-       .baseline = "s4-bwd"},
+       .baseline = "s4-bwd",
+       .amx_speedup = 2.0},
       {.name = "decode-bf16",
        .shape = {1, 32, 1, 8192, 128, false, false, {}, DType::kBFloat16},
        .target = {TargetKind::kMinPercentOfRead, 85},
@@ -281,7 +284,7 @@ const std::vector<BenchCase>& bench_cases() {
       {.name = "unet-block-bf16",
        .shape = {1, 4, 4096, 4096, 32, false, false, {}, DType::kBFloat16},
        .workload = Workload::kSpatialBlock,
-       .target = {TargetKind::kNone, 0},
+       .target = {TargetKind::kMinSpeedup, 1.4},
        .summary = "unet-block on a bfloat16 map: projections and attention in bfloat16",
        .baseline = "unet-block"},
       {.name = "s4-fp16",
@@ -449,6 +452,19 @@ const std::vector<BenchCase>& bench_cases() {
   return cases;
 }
 
+Bf16Peaks module_bf16_peaks(const BenchCase& c) {
+  if (c.workload == Workload::kAttention || c.shape.dtype != DType::kBFloat16 ||
+      !detail::native_bf16_products()) {
+    return {};
+  }
+  const auto site = c.workload == Workload::kAttentionBackward
+                        ? detail::ProductSite::kAttentionBackward
+                        : detail::ProductSite::kAttention;
+  const detail::Bf16Products path =
+      detail::bf16_products(DType::kBFloat16, ComputePrecision::kAuto, site);
+  return {path != detail::Bf16Products::kFloat32, path == detail::Bf16Products::kAmxTiles};
+}
+
 const BenchCase* find_bench_case(std::string_view name) {
   for (const BenchCase& c : bench_cases()) {
     if (c.name == name) return &c;
@@ -522,9 +538,10 @@ namespace {
 void set_rules(const AttentionShape& s, RuleInputs& r) {
   AttentionOptions& o = r.options;
   o.causal = s.causal;
-  o.compute = s.compute == ComputePrecision::kFloat16 && !detail::native_f16_products()
-                  ? ComputePrecision::kAuto
-                  : s.compute;
+  const bool unavailable =
+      (s.compute == ComputePrecision::kFloat16 && !detail::native_f16_products()) ||
+      (s.compute == ComputePrecision::kBFloat16 && !detail::native_bf16_products());
+  o.compute = unavailable ? ComputePrecision::kAuto : s.compute;
   const std::vector<int64_t> starts = document_starts(s.key_len, s.rules.documents);
   if (s.rules.as_mask) {
     // (Lq, Lk): what visible_range lets through, broadcast over batch and heads.

@@ -42,7 +42,8 @@ struct AttentionShape {
   DType dtype = DType::kFloat32;
   // Grouped-query attention: K and V of this many heads (dividing heads) when > 0.
   int64_t kv_heads = 0;
-  // AttentionOptions::compute; kFloat16 where the CPU has float16 products, else kAuto.
+  // AttentionOptions::compute; kFloat16 (kBFloat16) where the CPU has float16 (bfloat16)
+  // products, else kAuto.
   ComputePrecision compute = ComputePrecision::kAuto;
   bool has_rules() const;
 
@@ -143,6 +144,15 @@ struct BenchCase {
 const std::vector<BenchCase>& bench_cases();
 // The case called `name` (exact, case-sensitive), or nullptr.
 const BenchCase* find_bench_case(std::string_view name);
+
+// The products a backward or module case's bfloat16 inputs get (the precision policy,
+// boundary/operands.hpp), for the peak it is measured against; attention cases read theirs
+// from the kernel's name.
+struct Bf16Peaks {
+  bool bf16 = false;  // bfloat16 products (AVX512_BF16 or AMX tiles)
+  bool amx = false;   // on AMX tiles
+};
+Bf16Peaks module_bf16_peaks(const BenchCase& c);
 // "phrase, unet, s3, ..." (every name in the table, reserved ones included).
 std::string known_case_names();
 

@@ -28,23 +28,37 @@ bool wants_f16_products(ComputePrecision compute) {
   return true;
 }
 
-bool wants_bf16_products(DType input_dtype, ComputePrecision compute) {
+Bf16Cpu this_cpu_bf16() {
+  Bf16Cpu cpu;
+  cpu.why_no_bf16 = why_no_bf16_products();
+  cpu.amx = amx_bf16_products();
+  cpu.dot_product_wins = cpu_vendor() == CpuVendor::kAmd;
+  return cpu;
+}
+
+Bf16Products choose_bf16_products(const Bf16Cpu& cpu, DType input_dtype, ComputePrecision compute,
+                                  ProductSite site, bool amx_fits) {
+  const bool native = cpu.why_no_bf16[0] == '\0';
+  // Every site has AMX tiles; only the forward's query tiles bound their operands' size.
+  const bool amx = native && cpu.amx && (amx_fits || site != ProductSite::kAttention);
   switch (compute) {
     case ComputePrecision::kFloat32:
-      return false;
+      return Bf16Products::kFloat32;
     case ComputePrecision::kFloat16:
       wants_f16_products(compute);  // refused here where the CPU cannot
-      return false;
+      return Bf16Products::kFloat32;
     case ComputePrecision::kBFloat16:
-      if (!native_bf16_products()) {
+      if (!native) {
         throw Error(std::string("compute precision bfloat16 needs bfloat16 products, but ") +
-                    why_no_bf16_products() + "; use ComputePrecision::kFloat32");
+                    cpu.why_no_bf16 + "; use ComputePrecision::kFloat32");
       }
-      return true;
+      return amx ? Bf16Products::kAmxTiles : Bf16Products::kAvx512Bf16;
     case ComputePrecision::kAuto:
       break;
   }
-  return input_dtype == DType::kBFloat16 && native_bf16_products();
+  if (input_dtype != DType::kBFloat16 || !native) return Bf16Products::kFloat32;
+  if (amx) return Bf16Products::kAmxTiles;
+  return cpu.dot_product_wins ? Bf16Products::kAvx512Bf16 : Bf16Products::kFloat32;
 }
 
 namespace {
@@ -79,6 +93,7 @@ enum class Products : uint8_t { kFloat32, kHalfProducts, kHalfKeysValues };
 struct OperandChoice {
   Products products = Products::kFloat32;
   DType half = DType::kBFloat16;  // of K and V (and Q for kHalfProducts) when not kFloat32
+  bool amx = false;               // bfloat16 products on AMX tiles (Bf16Products::kAmxTiles)
 };
 
 // float16 operands computed in float32: K and V read as float16 where the target widens them
@@ -122,13 +137,20 @@ bool f16_chains_fit(const TensorView& q, const TensorView& k, const TensorView& 
 }
 
 // The products a call computes (AttentionOptions::compute): bfloat16 ones only in the query
-// tiles, on a CPU that has them; attend::Error for a precision this CPU cannot compute.
+// tiles, as the precision policy says (bf16_products); attend::Error for a precision this CPU
+// cannot compute.
 // Decoding shapes (the row groups) read half-precision K and V as they are, widening them as
 // they load: the same float32 arithmetic on half the bytes; the query tiles widen them once
 // per thread and batch index instead of a float32 copy of the whole operands.
 OperandChoice choose_operands(const TensorView& query, const TensorView& value,
                               const AttentionOptions& options, bool for_backward) {
-  const bool bf16 = wants_bf16_products(query.dtype, options.compute);
+  const int64_t key_len = value.shape.back(1), head_dim = query.shape.back(0);
+  const int64_t value_dim = value.shape.back(0);
+  // The query tiles' AMX operands fit (FitsAmxTiles), or the products take the policy's
+  // other choice for this shape.
+  const Bf16Products path = bf16_products(query.dtype, options.compute, ProductSite::kAttention,
+                                          FitsAmxTiles(key_len, head_dim, value_dim));
+  const bool bf16 = path != Bf16Products::kFloat32;
   const bool f16 = wants_f16_products(options.compute);
   const bool requested = options.compute == ComputePrecision::kBFloat16;
   if (options.backend == Backend::kReference || for_backward) {
@@ -139,8 +161,6 @@ OperandChoice choose_operands(const TensorView& query, const TensorView& value,
     return {};  // float32 (on the rounded inputs for kBFloat16 and kFloat16: see make_params)
   }
   const bool rows = RunsInRowGroups(query.shape.back(1), fused_lanes());
-  const int64_t key_len = value.shape.back(1), head_dim = query.shape.back(0);
-  const int64_t value_dim = value.shape.back(0);
   if (f16) {  // float16 products in the query tiles where their copy of K and V fits
     if (!rows && FitsPackedBf16(key_len, head_dim, value_dim)) {
       return {Products::kHalfProducts, DType::kFloat16};
@@ -157,8 +177,10 @@ OperandChoice choose_operands(const TensorView& query, const TensorView& value,
     return {};
   }
   if (bf16) {
-    if (FitsPackedBf16(key_len, head_dim, value_dim))
+    if (path == Bf16Products::kAmxTiles) return {Products::kHalfProducts, DType::kBFloat16, true};
+    if (FitsPackedBf16(key_len, head_dim, value_dim)) {
       return {Products::kHalfProducts, DType::kBFloat16};
+    }
     return {};
   }
   // Half-precision inputs computed in float32: the query tiles widen K and V per thread and
@@ -240,8 +262,7 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
     choice = widened_f16(false, p.key_len, p.head_dim, p.value_dim);
     attach_operands(q, k, v);
   }
-  p.amx_tiles = p.bf16_products() && amx_bf16_products() &&
-                FitsAmxTiles(p.key_len, p.head_dim, p.value_dim);
+  p.amx_tiles = p.bf16_products() && choice.amx;
 
   if (options.mask) {
     TensorView m = *options.mask;

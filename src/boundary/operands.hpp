@@ -4,6 +4,7 @@
 // arguments (make_params).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -25,12 +26,50 @@ struct KernelInputs {
   ScoreRuleInputs rules;
 };
 
-// The precision policy: whether inputs of `input_dtype` computed at `compute`
-// (AttentionOptions::compute) take bfloat16 products: kBFloat16 always, kAuto for bfloat16
-// inputs where the CPU has them (cpu_features.hpp). attend::Error for kBFloat16 or kFloat16
-// without their instructions, naming why. Used by make_params and by the layers that choose
-// their projections' operands (multihead, spatial).
-bool wants_bf16_products(DType input_dtype, ComputePrecision compute);
+// The precision policy: which products bfloat16 work gets on this CPU, decided here for every
+// site that multiplies (the kernels only run what they are given).
+//   kAmxTiles    AMX-BF16 tiles (kernels/isa/amx_bf16.hpp): the attention forward's query
+//                tiles (where FitsAmxTiles, shape_policy.hpp), the attention backward and
+//                the projections' GEMM;
+//   kAvx512Bf16  vdpbf16ps register blocks (kernels/isa/avx512_bf16-inl.h): every site;
+//   kFloat32     float32 products (bfloat16 values widened exactly; for kBFloat16 only where
+//                a kernel has no bfloat16 products, e.g. decoding's row groups).
+// Both bfloat16 paths share one error model (FlashAttention's rule, tests/bf16_test.cc).
+enum class Bf16Products : uint8_t { kFloat32, kAvx512Bf16, kAmxTiles };
+enum class ProductSite : uint8_t { kAttention, kAttentionBackward, kProjections };
+
+// What the policy reads of the CPU (cpu_features.hpp), as data so that the rule is tested for
+// every CPU kind on any host (tests/precision_policy_test.cc).
+struct Bf16Cpu {
+  const char* why_no_bf16 = "";  // why_no_bf16_products(): "" where vdpbf16ps can run
+  bool amx = false;              // amx_bf16_products(): AMX-BF16 tiles usable now
+  // vdpbf16ps wins over float32 FMAs: its FLOP rate is twice the FMA's on AMD Zen 4 and Zen 5
+  // (one instruction per FMA slot, 32 multiply-adds against 16), half of it on Intel (Cooper
+  // Lake, Sapphire Rapids and later: one port; this Xeon's probes 170 against 337 GFLOP/s),
+  // where bfloat16 attention on it ran at 0.58x float32 (issue 22).
+  bool dot_product_wins = false;
+};
+Bf16Cpu this_cpu_bf16();  // the values for this CPU, the SIMD cap and the AMX switch now
+
+// The rule. kFloat32: kFloat32. kFloat16: kFloat32 (attend::Error where the CPU has no
+// float16 products). kBFloat16: AMX tiles where the site has them, else AVX512_BF16;
+// attend::Error without AVX512_BF16 (or capped below AVX-512), naming why. kAuto, bfloat16
+// inputs: AMX tiles where the CPU has them; else AVX512_BF16 where it wins (AMD); else
+// float32 products (Intel without AMX, shapes past FitsAmxTiles): faster there and exact in
+// the products. kAuto, other inputs: kFloat32. `amx_fits`: the shape fits the forward's AMX
+// operands (FitsAmxTiles; the backward and the projections pack per tile, so always fit).
+Bf16Products choose_bf16_products(const Bf16Cpu& cpu, DType input_dtype, ComputePrecision compute,
+                                  ProductSite site, bool amx_fits = true);
+inline Bf16Products bf16_products(DType input_dtype, ComputePrecision compute, ProductSite site,
+                                  bool amx_fits = true) {
+  return choose_bf16_products(this_cpu_bf16(), input_dtype, compute, site, amx_fits);
+}
+// Whether the site computes bfloat16 products (on either path). Used by make_params and by the
+// layers that choose their operands (multihead, spatial: the attention's choice).
+inline bool wants_bf16_products(DType input_dtype, ComputePrecision compute,
+                                ProductSite site = ProductSite::kAttention) {
+  return bf16_products(input_dtype, compute, site) != Bf16Products::kFloat32;
+}
 // Whether `compute` asks for float16 products (kFloat16 only: never chosen by kAuto, since
 // they accumulate in float16 for a while: kernels/isa/avx512_fp16-inl.h); attend::Error where
 // the CPU (or the SIMD cap) has no AVX512_FP16.

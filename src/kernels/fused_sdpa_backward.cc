@@ -43,8 +43,10 @@
 #include "kernels/kernel_common-inl.h"
 // The score rules a vector at a time, once per target.
 #include "kernels/score_rules-inl.h"
-// bfloat16 products (AVX512_BF16).
+// bfloat16 products (AVX512_BF16),
 #include "kernels/isa/avx512_bf16-inl.h"
+// and on AMX tiles (SdpaParams::amx_tiles).
+#include "kernels/isa/amx_bf16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -98,9 +100,11 @@ HWY_INLINE void Block(int64_t depth, const float* a, int64_t a_row, int64_t a_co
   }
 }
 
-// bfloat16 products (SdpaParams::bf16_backward): the products struct of isa/ (AVX-512
-// targets with AVX512_BF16), its A the rows of pairs a(m, k) = a[m·a_row + k·a_col] and its B
-// the rows of pairs (b[2k][n], b[2k + 1][n]).
+// bfloat16 products (SdpaParams::bf16_backward): the products structs of isa/ (AVX-512
+// targets with AVX512_BF16), their A the rows of pairs a(m, k) = a[m·a_row + k·a_col] and
+// their B the rows of pairs (b[2k][n], b[2k + 1][n]); Products packs the pairs for both.
+// On AMX tiles (SdpaParams::amx_tiles) A is always rows of pairs (a_col = 1), and the
+// operands are zero up to whole tiles: see BackwardWorkspace.
 #undef ATTEND_BACKWARD_BF16
 #if ATTEND_AVX512_BF16
 #define ATTEND_BACKWARD_BF16 1
@@ -146,18 +150,27 @@ HWY_INLINE void ProductColumns(int64_t rows, int64_t depth, const float* a, int6
 }
 
 // c[m][n] (+)= Σ_k a(m, k)·b[k][n] over rows × vectors of n; with A = uint32_t, `depth`
-// counts pairs of k (bfloat16 products: Products::Product).
+// counts pairs of k (bfloat16 products: Products::Product, or AmxBf16::Product with `amx`).
 template <class A>
 void Product(int64_t rows, int64_t vectors, int64_t depth, const A* a, int64_t a_row, int64_t a_col,
-             const A* b, int64_t b_row, float* c, int64_t c_row, bool accumulate) {
+             const A* b, int64_t b_row, float* c, int64_t c_row, bool accumulate,
+             bool amx = false) {
   if constexpr (std::is_same_v<A, uint32_t>) {
 #if ATTEND_BACKWARD_BF16
-    Products::Product(rows, vectors, depth, PairsA{a, a_row, a_col}, PairsB{b, b_row},
-                      PairsC{c, c_row, accumulate ? PairStart::kAccumulate : PairStart::kZero});
+    const PairsC out{c, c_row, accumulate ? PairStart::kAccumulate : PairStart::kZero};
+#if ATTEND_AMX_BF16
+    if (amx) {
+      return AmxBf16::Product(rows, vectors, depth, PairsA{a, a_row, a_col}, PairsB{b, b_row}, out);
+    }
+#endif
+    HWY_ASSERT(!amx);
+    Products::Product(rows, vectors, depth, PairsA{a, a_row, a_col}, PairsB{b, b_row}, out);
 #else
+    (void)amx;
     HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
 #endif
   } else {
+    (void)amx;
     int64_t v = 0;
     for (; v + kVectors <= vectors; v += kVectors) {
       ProductColumns<kVectors>(rows, depth, a, a_row, a_col, b + v * kLanes, b_row, c + v * kLanes,
@@ -207,16 +220,23 @@ struct BackwardWorkspace {
   hwy::AlignedFreeUniquePtr<int64_t[]> dead_rows;
   int64_t dead_count = 0;
   // bfloat16 products only (SdpaParams::bf16_backward; E2 = ⌈E/2⌉, Ev2 = ⌈Ev/2⌉): 32-bit
-  // pairs of bfloat16, each product's operands in the layout BlockBf16 reads.
-  hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs_t;  // [t][E2][Tq]   Q along E (unscaled)
-  hwy::AlignedFreeUniquePtr<uint32_t[]> dout_pairs_t;   // [t][Ev2][Tq]  dO along Ev
-  hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs;    // [Lq_pad/2][E_pad]  Q along queries
-  hwy::AlignedFreeUniquePtr<uint32_t[]> dout_pairs;     // [Lq_pad/2][Ev_pad] dO along queries
-  hwy::AlignedFreeUniquePtr<uint32_t[]> key_rows;       // [Tk][E_pad/2]   K along E
-  hwy::AlignedFreeUniquePtr<uint32_t[]> value_rows;     // [Tk][Ev_pad/2]  V along Ev
+  // pairs of bfloat16, each product's operands in the layout Products::Product reads. On AMX
+  // tiles (amx) every depth of pairs is read in whole tiles of 16 pairs, so the strides below
+  // round up to 16 pairs and everything past the operands is zero (allocated zeroed, never
+  // written): E2' = e2s, Ev2' = ev2s, Tq/2' = tile_pairs, E_pad/2' = key_row, Ev_pad/2' =
+  // value_row; and dQ is computed transposed (dQᵀ += Kᵀ·dSᵀ, so that A is rows of pairs).
+  bool amx = false;
+  int64_t e2s = 0, ev2s = 0, tile_pairs = 0, key_row = 0, value_row = 0;
+  hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs_t;  // [t][E2'][Tq]   Q along E (unscaled)
+  hwy::AlignedFreeUniquePtr<uint32_t[]> dout_pairs_t;   // [t][Ev2'][Tq]  dO along Ev
+  hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs;    // [Lq_pad/2 + 16][E_pad]  Q along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> dout_pairs;     // [Lq_pad/2 + 16][Ev_pad] dO along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> key_rows;       // [Tk][E_pad/2']   K along E
+  hwy::AlignedFreeUniquePtr<uint32_t[]> value_rows;     // [Tk][Ev_pad/2']  V along Ev
   hwy::AlignedFreeUniquePtr<uint32_t[]> key_pairs;      // [Tk/2][E_pad]   K along keys
-  hwy::AlignedFreeUniquePtr<uint32_t[]> prob_pairs;     // [Tk][Tq/2]  P̃ᵀ along queries
-  hwy::AlignedFreeUniquePtr<uint32_t[]> grad_pairs;     // [Tk][Tq/2]  dSᵀ along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> key_pairs_t;    // [E_pad][Tk/2]   the same, AMX only
+  hwy::AlignedFreeUniquePtr<uint32_t[]> prob_pairs;     // [Tk][Tq/2']  P̃ᵀ along queries
+  hwy::AlignedFreeUniquePtr<uint32_t[]> grad_pairs;     // [Tk][Tq/2']  dSᵀ along queries
   hwy::AlignedFreeUniquePtr<uint32_t[]> grad_pairs_t;   // [Tk/2][Tq]  dSᵀ along keys
   bool bf16_ok = true;
 
@@ -247,20 +267,32 @@ struct BackwardWorkspace {
     if (has_pairwise_rules(p)) pair_keep.Allocate(kKeyTile, tq);
     row_keep = hwy::AllocateAligned<uint8_t>(n(p.user_rules ? p.key_len : 1));
     if (p.bf16_backward) {
-      const int64_t e2 = (p.head_dim + 1) / 2, ev2 = (p.value_dim + 1) / 2;
-      const auto u32 = [&](int64_t count) { return hwy::AllocateAligned<uint32_t>(n(count)); };
-      query_pairs_t = u32(lq_pad * e2);
-      dout_pairs_t = u32(lq_pad * ev2);
-      query_pairs = u32(lq_pad / 2 * e_pad);
-      dout_pairs = u32(lq_pad / 2 * ev_pad);
-      key_rows = u32(kKeyTile * e_pad / 2);
-      value_rows = u32(kKeyTile * ev_pad / 2);
+      amx = p.amx_tiles;
+      const int64_t whole = amx ? 16 : 1;  // pairs per tile row (AMX), else none
+      e2s = RoundUp((p.head_dim + 1) / 2, whole);
+      ev2s = RoundUp((p.value_dim + 1) / 2, whole);
+      tile_pairs = RoundUp(tq / 2, whole);
+      key_row = RoundUp(e_pad / 2, whole);
+      value_row = RoundUp(ev_pad / 2, whole);
+      const int64_t extra_rows = amx ? 16 : 0;  // read past the last query tile's pairs
+      const auto u32 = [&](int64_t count) {
+        auto buffer = hwy::AllocateAligned<uint32_t>(n(count));
+        if (buffer && amx) std::fill_n(buffer.get(), count, 0u);
+        return buffer;
+      };
+      query_pairs_t = u32(lq_pad * e2s);
+      dout_pairs_t = u32(lq_pad * ev2s);
+      query_pairs = u32((lq_pad / 2 + extra_rows) * e_pad);
+      dout_pairs = u32((lq_pad / 2 + extra_rows) * ev_pad);
+      key_rows = u32(kKeyTile * key_row);
+      value_rows = u32(kKeyTile * value_row);
       key_pairs = u32(kKeyTile / 2 * e_pad);
-      prob_pairs = u32(kKeyTile * tq / 2);
-      grad_pairs = u32(kKeyTile * tq / 2);
+      key_pairs_t = u32(amx ? e_pad * kKeyTile / 2 : 1);
+      prob_pairs = u32(kKeyTile * tile_pairs);
+      grad_pairs = u32(kKeyTile * tile_pairs);
       grad_pairs_t = u32(kKeyTile / 2 * tq);
       bf16_ok = query_pairs_t && dout_pairs_t && query_pairs && dout_pairs && key_rows &&
-                value_rows && key_pairs && prob_pairs && grad_pairs && grad_pairs_t;
+                value_rows && key_pairs && key_pairs_t && prob_pairs && grad_pairs && grad_pairs_t;
     }
   }
   bool ok() const {
@@ -300,8 +332,14 @@ class BackwardItem {
       KeyTile(k0, std::min(kKeyTile, key_end - k0));
     }
     for (int64_t i = 0; i < p_.query_len; ++i) {
-      const float* from = ws_.dq.get() + i * ws_.e_pad;
       float* to = dq_out + i * dq_row;
+      if (ws_.amx) {  // dQᵀ per query tile: [t][E_pad][Tq]
+        const int64_t tile_start = i / ws_.tq * ws_.tq;
+        const float* from = ws_.dq.get() + tile_start * ws_.e_pad + (i - tile_start);
+        for (int64_t e = 0; e < p_.head_dim; ++e) to[e] = from[e * ws_.tq];
+        continue;
+      }
+      const float* from = ws_.dq.get() + i * ws_.e_pad;
       for (int64_t e = 0; e < p_.head_dim; ++e) to[e] = from[e];
     }
   }
@@ -368,12 +406,12 @@ class BackwardItem {
       for (int64_t i = 0; i < e2; ++i) {
         Products::PairsAcrossRows(q_t + 2 * i * tq,
                                   2 * i + 1 < e ? q_t + (2 * i + 1) * tq : nullptr, tq,
-                                  ws_.query_pairs_t.get() + t0 * e2 + i * tq);
+                                  ws_.query_pairs_t.get() + t0 * ws_.e2s + i * tq);
       }
       for (int64_t i = 0; i < ev2; ++i) {
         Products::PairsAcrossRows(g_t + 2 * i * tq,
                                   2 * i + 1 < ev ? g_t + (2 * i + 1) * tq : nullptr, tq,
-                                  ws_.dout_pairs_t.get() + t0 * ev2 + i * tq);
+                                  ws_.dout_pairs_t.get() + t0 * ws_.ev2s + i * tq);
       }
     }
     for (int64_t i = 0; i < ws_.lq_pad; i += 2) {
@@ -390,16 +428,25 @@ class BackwardItem {
   // The key tile's K and V as bfloat16 pairs: K and V along E and Ev, K along the keys.
   void PackKeyPairs(int64_t k0, int64_t keys) {
 #if ATTEND_BACKWARD_BF16
-    const int64_t e_pad = ws_.e_pad, ev_half = ws_.ev_pad / 2;
+    const int64_t e_pad = ws_.e_pad;
     for (int64_t j = 0; j < keys; ++j) {
-      Products::PairsAlongRow(ws_.key.get() + j * e_pad, e_pad, ws_.key_rows.get() + j * e_pad / 2);
+      Products::PairsAlongRow(ws_.key.get() + j * e_pad, e_pad,
+                              ws_.key_rows.get() + j * ws_.key_row);
       Products::PairsAlongRow(value_ + (k0 + j) * p_.value_strides.row, p_.value_dim,
-                              ws_.value_rows.get() + j * ev_half);
+                              ws_.value_rows.get() + j * ws_.value_row);
     }
     for (int64_t j = 0; j < keys; j += 2) {
       Products::PairsAcrossRows(ws_.key.get() + j * e_pad,
                                 j + 1 < keys ? ws_.key.get() + (j + 1) * e_pad : nullptr, e_pad,
                                 ws_.key_pairs.get() + j / 2 * e_pad);
+    }
+    if (ws_.amx) {  // Kᵀ as rows of pairs along the keys (dQᵀ's A), zero past the tile's keys
+      const int64_t key_pairs = (keys + 1) / 2;
+      for (int64_t e = 0; e < e_pad; ++e) {
+        uint32_t* row = ws_.key_pairs_t.get() + e * (kKeyTile / 2);
+        for (int64_t i = 0; i < key_pairs; ++i) row[i] = ws_.key_pairs[i * e_pad + e];
+        std::fill(row + key_pairs, row + kKeyTile / 2, 0u);
+      }
     }
 #else
     (void)k0, (void)keys;
@@ -465,10 +512,10 @@ class BackwardItem {
     // Sᵀ = K·Q̂ᵀ and dP̃ᵀ = V·dOᵀ: (keys × Tq), E and Ev deep.
     if (p_.bf16_backward) {
       const int64_t e2 = (p_.head_dim + 1) / 2, ev2 = (p_.value_dim + 1) / 2;
-      Product(keys, tq / kLanes, e2, ws_.key_rows.get(), e_pad / 2, 1,
-              ws_.query_pairs_t.get() + q0 * e2, tq, prob_t, tq, false);
-      Product(keys, tq / kLanes, ev2, ws_.value_rows.get(), ev_pad / 2, 1,
-              ws_.dout_pairs_t.get() + q0 * ev2, tq, grad_t, tq, false);
+      Product(keys, tq / kLanes, e2, ws_.key_rows.get(), ws_.key_row, 1,
+              ws_.query_pairs_t.get() + q0 * ws_.e2s, tq, prob_t, tq, false, ws_.amx);
+      Product(keys, tq / kLanes, ev2, ws_.value_rows.get(), ws_.value_row, 1,
+              ws_.dout_pairs_t.get() + q0 * ws_.ev2s, tq, grad_t, tq, false, ws_.amx);
       ScaleScores(keys);
     } else {
       Product(keys, tq / kLanes, p_.head_dim, ws_.key.get(), e_pad, 1,
@@ -487,10 +534,15 @@ class BackwardItem {
       // for dQ); padded queries have P = dS = 0 and dO = Q = 0.
       PackTilePairs(keys);
       const int64_t row_pairs = (rows + 1) / 2, key_pairs = (keys + 1) / 2;
-      Product(keys, ev_pad / kLanes, row_pairs, ws_.prob_pairs.get(), tq / 2, 1,
-              ws_.dout_pairs.get() + q0 / 2 * ev_pad, ev_pad, ws_.dv.get(), ev_pad, true);
-      Product(keys, e_pad / kLanes, row_pairs, ws_.grad_pairs.get(), tq / 2, 1,
-              ws_.query_pairs.get() + q0 / 2 * e_pad, e_pad, ws_.dk.get(), e_pad, true);
+      Product(keys, ev_pad / kLanes, row_pairs, ws_.prob_pairs.get(), ws_.tile_pairs, 1,
+              ws_.dout_pairs.get() + q0 / 2 * ev_pad, ev_pad, ws_.dv.get(), ev_pad, true, ws_.amx);
+      Product(keys, e_pad / kLanes, row_pairs, ws_.grad_pairs.get(), ws_.tile_pairs, 1,
+              ws_.query_pairs.get() + q0 / 2 * e_pad, e_pad, ws_.dk.get(), e_pad, true, ws_.amx);
+      if (ws_.amx) {  // dQᵀ (E_pad × Tq) += Kᵀ·dSᵀ, keys deep
+        Product(e_pad, tq / kLanes, key_pairs, ws_.key_pairs_t.get(), kKeyTile / 2, 1,
+                ws_.grad_pairs_t.get(), tq, ws_.dq.get() + q0 * e_pad, tq, true, true);
+        return;
+      }
       Product(rows, e_pad / kLanes, key_pairs, ws_.grad_pairs_t.get(), 1, tq, ws_.key_pairs.get(),
               e_pad, ws_.dq.get() + q0 * e_pad, e_pad, true);
       return;
@@ -520,12 +572,16 @@ class BackwardItem {
     const float* prob_t = ws_.prob_t.get();
     const float* grad_t = ws_.grad_t.get();
     for (int64_t j = 0; j < keys; ++j) {
-      Products::PairsAlongRow(prob_t + j * tq, tq, ws_.prob_pairs.get() + j * tq / 2);
-      Products::PairsAlongRow(grad_t + j * tq, tq, ws_.grad_pairs.get() + j * tq / 2);
+      Products::PairsAlongRow(prob_t + j * tq, tq, ws_.prob_pairs.get() + j * ws_.tile_pairs);
+      Products::PairsAlongRow(grad_t + j * tq, tq, ws_.grad_pairs.get() + j * ws_.tile_pairs);
     }
     for (int64_t j = 0; j < keys; j += 2) {
       Products::PairsAcrossRows(grad_t + j * tq, j + 1 < keys ? grad_t + (j + 1) * tq : nullptr, tq,
                                 ws_.grad_pairs_t.get() + j / 2 * tq);
+    }
+    if (ws_.amx) {  // the pairs past a short key tile, which dQᵀ's tiles read: zero
+      const int64_t from = (keys + 1) / 2 * tq;
+      std::fill(ws_.grad_pairs_t.get() + from, ws_.grad_pairs_t.get() + kKeyTile / 2 * tq, 0u);
     }
 #else
     (void)keys;
@@ -682,6 +738,15 @@ void FusedSdpaBackward(const SdpaBackwardParams& bp) {
         if (c > 0) {
           dq = parts.get() + (b * (chunks - 1) + c - 1) * part_size;
           dq_row = p.head_dim;
+        }
+        if (p.amx_tiles) {
+#if ATTEND_AMX_BF16
+          const amx::TileScope tiles;
+          BackwardItem(bp, ws).Run(b, key_begin, key_end, dq, dq_row);
+          return;
+#else
+          HWY_ABORT("AMX tiles on a target without AVX512_BF16");
+#endif
         }
         BackwardItem(bp, ws).Run(b, key_begin, key_end, dq, dq_row);
       });

@@ -331,16 +331,96 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 #include "cpu_features.hpp"
+#include "kernels/isa/amx_bf16.hpp"
 #include "simd_dispatch.hpp"
 
 namespace attend::detail {
 
 HWY_EXPORT(LinearImpl);
 
+namespace {
+
+#if defined(__x86_64__)
+// bfloat16 products on AMX tiles (LinearParams::amx_tiles): the input as rows of pairs (A:
+// [M'][K2'], K2' the pairs rounded up to whole tiles of 16, M' the rows to 16, zero padded),
+// the weight rounded to bfloat16 pairs across k in panels of 32 columns (B: [panel][K2'][32],
+// panel[k2][c] = (weight[c][2·k2], weight[c][2·k2 + 1]), zero past N and K), each block of
+// 32 rows × one panel started from the bias in an aligned staging block: every output element
+// is bias, then the pairs k2 = 0, 1, … in order (tdpbf16ps), whatever the threads.
+void LinearAmx(const LinearParams& p) {
+  constexpr int64_t kWidth = 32, kRows = 32;
+  const int64_t pairs = amx::RoundUp(std::max<int64_t>(PairsOf(p.depth), 1), amx::kTileRows);
+  const int64_t panels = (p.columns + kWidth - 1) / kWidth;
+  const int64_t row_blocks = (p.rows + kRows - 1) / kRows;
+  const int64_t rows_pad = row_blocks * kRows;
+  auto packed = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(panels * pairs * kWidth));
+  auto input = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(rows_pad * pairs));
+  if (!packed || !input) {
+    throw Error("linear: cannot allocate " +
+                std::to_string((panels * kWidth + rows_pad) * pairs * 4) +
+                " bytes to pack the operands");
+  }
+  const double multiply_adds =
+      static_cast<double>(p.rows) * static_cast<double>(p.columns) * static_cast<double>(p.depth);
+  const int threads = multiply_adds < (1 << 21) ? 1 : p.num_threads;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t panel = 0; panel < panels; ++panel) {
+      uint32_t* out = packed.get() + panel * pairs * kWidth;
+      for (int64_t c = 0; c < kWidth; ++c) {
+        const int64_t column = panel * kWidth + c;
+        const float* w = column < p.columns ? p.weight + column * p.weight_row_stride : nullptr;
+        for (int64_t k2 = 0; k2 < pairs; ++k2) {
+          const float lo = w && 2 * k2 < p.depth ? w[2 * k2] : 0.0f;
+          const float hi = w && 2 * k2 + 1 < p.depth ? w[2 * k2 + 1] : 0.0f;
+          out[k2 * kWidth + c] = PairOfFloats(lo, hi);
+        }
+      }
+    }
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < rows_pad; ++m) {
+      uint32_t* row = input.get() + m * pairs;
+      std::fill_n(row, pairs, 0u);
+      if (m < p.rows) HalfPairsAlongRow(p.input_bf16 + m * p.input_row_stride, p.depth, row, 1);
+    }
+    const amx::TileScope tiles;
+#pragma omp for schedule(static)
+    for (int64_t block = 0; block < row_blocks * panels; ++block) {
+      const int64_t m0 = block / panels * kRows, panel = block % panels;
+      const int64_t n0 = panel * kWidth;
+      const int64_t rows = std::min(kRows, p.rows - m0), cols = std::min(kWidth, p.columns - n0);
+      alignas(64) float staging[kRows * kWidth];
+      for (int64_t r = 0; r < kRows; ++r) {
+        for (int64_t c = 0; c < kWidth; ++c) {
+          staging[r * kWidth + c] = p.bias && c < cols ? p.bias[n0 + c] : 0.0f;
+        }
+      }
+      amx::GemmBf16(kRows, kWidth, pairs * 2,
+                    reinterpret_cast<const uint16_t*>(input.get()) + m0 * pairs * 2, pairs * 2,
+                    packed.get() + panel * pairs * kWidth, kWidth, staging, kWidth, true);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(p.output + (m0 + r) * p.output_row_stride + n0, staging + r * kWidth,
+                    static_cast<size_t>(cols) * sizeof(float));
+      }
+    }
+  }
+}
+#endif
+
+}  // namespace
+
 void linear(const LinearParams& params) {
   // Rows up to which products stay float32 (see LinearParams::input_bf16): kFewRows.
   constexpr int64_t kFewBf16Rows = 8;
-  if (params.input_bf16 != nullptr && (params.rows <= kFewBf16Rows || !native_bf16_products())) {
+#if defined(__x86_64__)
+  if (params.input_bf16 != nullptr && params.amx_tiles && params.rows > kFewBf16Rows &&
+      amx_bf16_products()) {
+    return LinearAmx(params);
+  }
+#endif
+  if (params.input_bf16 != nullptr &&
+      (params.rows <= kFewBf16Rows || !params.bf16_products || !native_bf16_products())) {
     // Float32 products: the bfloat16 input widened (exactly).
     std::vector<float> widened(static_cast<size_t>(params.rows * params.depth));
     for (int64_t m = 0; m < params.rows; ++m) {

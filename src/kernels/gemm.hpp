@@ -26,11 +26,16 @@ struct LinearParams {
   float* output = nullptr;      // (M, N), row stride output_row_stride, column stride 1
   int64_t output_row_stride = 0;
   int num_threads = 1;  // ≥ 1
-  // A bfloat16 (M, K) input (row stride input_row_stride) instead of `input`: bfloat16
-  // products (vdpbf16ps) where native_bf16_products() holds, the weight rounded to bfloat16
-  // as it is packed, float32 accumulation and output. Up to 8 rows, or on a CPU without
-  // them, float32 products (the input widened exactly, the weight as given).
+  // A bfloat16 (M, K) input (row stride input_row_stride) instead of `input`: with
+  // bf16_products (the caller's precision policy, boundary/operands.hpp: ProductSite::
+  // kProjections) and native_bf16_products(), bfloat16 products (vdpbf16ps), the weight
+  // rounded to bfloat16 as it is packed, float32 accumulation and output. Up to 8 rows, or
+  // otherwise, float32 products (the input widened exactly, the weight as given).
   const uint16_t* input_bf16 = nullptr;
+  bool bf16_products = false;
+  // With bf16_products, on AMX tiles (AMX-BF16, where amx_bf16_products() holds; else
+  // AVX512_BF16): the same rounding of both operands, float32 accumulation from the bias.
+  bool amx_tiles = false;
 };
 
 // Computes the product described by `params`. Throws attend::Error when the packing buffer

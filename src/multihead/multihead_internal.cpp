@@ -8,6 +8,7 @@
 
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
+#include "boundary/operands.hpp"
 #include "kernels/gemm.hpp"
 
 namespace attend::detail {
@@ -222,6 +223,12 @@ void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t 
   p.depth = in_features;
   p.input = input.data;
   p.input_bf16 = input.data_bf16;
+  const Bf16Products products =
+      input.data_bf16 != nullptr
+          ? bf16_products(DType::kBFloat16, ComputePrecision::kAuto, ProductSite::kProjections)
+          : Bf16Products::kFloat32;
+  p.bf16_products = products != Bf16Products::kFloat32;
+  p.amx_tiles = products == Bf16Products::kAmxTiles;
   p.input_row_stride = input.row_stride;
   p.weight = weight;
   p.weight_row_stride = in_features;

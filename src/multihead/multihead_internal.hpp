@@ -69,6 +69,9 @@ struct RowMatrix {
 RowMatrix as_row_matrix(const TensorView& x, Tensor& storage, bool bf16 = false);
 
 // output(rows, out) = input(rows, in) · weight(out, in)ᵀ + bias(out); weight row stride `in`.
+// A bfloat16 input takes the products the precision policy gives the projections
+// (boundary/operands.hpp, ProductSite::kProjections, as for kAuto): AMX tiles where the CPU
+// has them, AVX512_BF16 on AMD, float32 products on the bfloat16 values on Intel without AMX.
 void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t out_features,
              int64_t in_features, const float* bias, float* output, int64_t output_row_stride,
              int num_threads);

@@ -245,12 +245,10 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
   if (memory_bound) result.read_gbps = probes.read_bandwidths.at(result.threads).gbps;
   result.timing = time_case(c, result.threads, settings, &result.kernel);
   // bfloat16 products ran: the attention's kernel says so; the backward and the modules
-  // take them for bfloat16 inputs wherever the CPU has them.
-  result.bf16_peak =
-      result.kernel.find("bfloat16 products") != std::string::npos ||
-      (c.workload != bench::Workload::kAttention && c.shape.dtype == DType::kBFloat16 &&
-       bf16_compute_path().rfind("bfloat16", 0) == 0);
-  result.amx_peak = result.kernel.find("AMX tiles") != std::string::npos;
+  // take them as the precision policy says (module_bf16_peaks).
+  const bench::Bf16Peaks module = bench::module_bf16_peaks(c);
+  result.bf16_peak = result.kernel.find("bfloat16 products") != std::string::npos || module.bf16;
+  result.amx_peak = result.kernel.find("AMX tiles") != std::string::npos || module.amx;
   result.peak_gflops = result.amx_peak    ? probes.amx_peaks.at(result.threads).gflops
                        : result.bf16_peak ? probes.bf16_peaks.at(result.threads).gflops
                                           : probes.peaks.at(result.threads).gflops;
