@@ -175,7 +175,12 @@ HWY_INLINE void PrefetchRunStart(KvPtr<K> base, const int64_t* slot, int64_t j, 
 struct RowWorkspace {
   float* scores;   // [kRowGroup][score_stride]: Lk rounded up to lanes
   float* out;      // [kRowGroup][out_stride]:   Ev rounded up to lanes
-  int64_t* slots;  // [score_stride]: the storage row of each key of a span (key_slot)
+  // The storage row of each key of the current span (key_slot): without a block table,
+  // slot_storage + span.begin, filled once per call (key j's row is j), else the span's
+  // rows in slot_storage, resolved per item (SpanSlots).
+  const int64_t* slots;
+  int64_t* slot_storage;  // [score_stride]
+  bool slots_of_keys;
   int64_t score_stride;
   int64_t out_stride;
   // The operands of the batch index tile_batch[r] (-1: none yet), row r's when a group
@@ -191,13 +196,16 @@ struct RowWorkspace {
         hwy::RoundUpTo(static_cast<size_t>(std::max<int64_t>(p.value_dim, 1)), lanes));
     if (score_stride <= kInlineKeys) {
       scores = inline_scores_;
-      slots = inline_slots_;
+      slot_storage = inline_slots_;
     } else {
       heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * score_stride));
       scores = heap_scores_.get();
       heap_slots_ = hwy::AllocateAligned<int64_t>(static_cast<size_t>(score_stride));
-      slots = heap_slots_.get();
+      slot_storage = heap_slots_.get();
     }
+    slots = slot_storage;
+    slots_of_keys = p.block_table == nullptr;
+    if (slots_of_keys && slot_storage != nullptr) SpanSlots(p, 0, p.key_len, slot_storage);
     positional = has_positional_rules(p) || p.prefix > 0;
     plain = !has_score_mods(p) && p.bias == nullptr && !has_pairwise_rules(p);
     fix_rows = fixes_fully_excluded_rows(p);
@@ -223,7 +231,7 @@ struct RowWorkspace {
   RowWorkspace(const RowWorkspace&) = delete;
   RowWorkspace& operator=(const RowWorkspace&) = delete;
   bool ok() const {
-    return scores != nullptr && slots != nullptr && out != nullptr &&
+    return scores != nullptr && slot_storage != nullptr && out != nullptr &&
            (keep != nullptr || !needs_keep);
   }
   bool needs_keep = false;
@@ -561,7 +569,11 @@ class RowGroupAttention {
     padded_end_ = static_cast<int64_t>(
         hwy::RoundUpTo(static_cast<size_t>(group_key_end_), static_cast<size_t>(kLanes)));
     // The storage row of each key of the span: the block table resolved once per item.
-    SpanSlots(p_, span.begin, group_key_end_, ws_.slots);
+    if (ws_.slots_of_keys) {
+      ws_.slots = ws_.slot_storage + span.begin;
+    } else {
+      SpanSlots(p_, span.begin, group_key_end_, ws_.slot_storage);
+    }
     return span;
   }
 

@@ -49,12 +49,26 @@ bool plain_float(const TensorView& t) {
               " with strides " + planned.strides.str());
 }
 
+// Whether `got` has the planned dtype, shape and strides: one pass over the dimensions
+// (inline: a plan compares four views per call).
+bool same_layout(const TensorView& got, const TensorView& planned) {
+  const int rank = got.rank();
+  if (got.dtype != planned.dtype || rank != planned.rank() || got.strides.rank() != rank) {
+    return false;
+  }
+  const int64_t *shape = got.shape.data(), *strides = got.strides.data();
+  const int64_t *planned_shape = planned.shape.data(), *planned_strides = planned.strides.data();
+  bool same = true;
+  for (int d = 0; d < rank; ++d) {
+    same &= shape[d] == planned_shape[d] && strides[d] == planned_strides[d];
+  }
+  return same;
+}
+
 // `got` has the planned layout (whose views span planned_bytes, nonzero unless empty).
 void check_planned(const char* name, const TensorView& got, const TensorView& planned,
                    int64_t planned_bytes) {
-  if (got.dtype != planned.dtype || got.shape != planned.shape || got.strides != planned.strides) {
-    layout_error(name, got, planned);
-  }
+  if (!same_layout(got, planned)) layout_error(name, got, planned);
   if (got.data == nullptr && planned_bytes > 0) {
     throw Error(std::string("AttentionPlan::run: ") + name + ": data pointer is null");
   }
