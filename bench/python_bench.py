@@ -20,10 +20,13 @@ difference of the fastest repetitions); attend/C++ is the median of the per-repe
 ratios, C++ and attend having run back to back. `overhead`: the phrase (1, 8, 4, 4, 32) on
 one thread, Python minus C++ (NumPy and torch inputs, with and without out=), in the calling
 thread's CPU time (time.thread_time, CLOCK_THREAD_CPUTIME_ID), which time spent descheduled
-on a shared machine does not inflate; the other cases in wall time. `plan-decode`: a prepared
+on a shared machine does not inflate; the other cases in wall time. `phrase-mha` also times the C call the module makes
+(attend._attend.multihead_call) alone: the Python around it is the difference. `plan-decode`: a prepared
 call on a decode step (1, 8, 1, 128, 64), one thread, against the C++ loop of
 AttentionPlan::run on the same arrays, thread CPU time: plan.run(q, k, v, out) and the bound
 plan (plan.bind(q, k, v, out), then bound() per step), NumPy and torch.
+On a loaded machine, many short repetitions (--repetitions 300 --min-time 0.001: about a
+millisecond of calls each, in turns) make "best" the difference of the least disturbed ones.
 """
 
 import argparse
@@ -152,9 +155,14 @@ def multihead_case(args, generator):
     module = torch.nn.MultiheadAttention(256, 8, batch_first=True).eval()
     ours = attend.MultiheadAttention.from_torch(module)
     x = torch.rand(1, 4, 256, generator=generator)
+    # The C call the module makes (attend._attend.multihead_call), alone: what the Python
+    # around it costs is the difference.
+    c_call = (_attend.multihead_call, ours._cpp, ours._parameters, ours.out_proj._parameters,
+              ours._call_slots)
     variants = {
         "C++": ("cpp", lambda n: _attend.cpp_multihead_seconds(ours._cpp, x, n, 1, True)),
         "attend": ("py", lambda: ours(x, x, x, need_weights=False)),
+        "C call": ("py", lambda: c_call[0](*c_call[1:], x, x, x, False, True, False, True)),
         "PyTorch 1.13": pytorch(args, lambda: module(x, x, x, need_weights=False)),
     }
     attend.set_num_threads(1)
@@ -169,7 +177,11 @@ def multihead_case(args, generator):
              "overhead_us": (t["attend"] - t["C++"]) * 1e6,
              "best_overhead_us": (best["attend"] - best["C++"]) * 1e6,
              "pytorch_us": t["PyTorch 1.13"] * 1e6,
-             "threads": 1}]
+             "threads": 1},
+            {"case": "phrase-mha", "pass": "forward, C call", "cpp_us": t["C++"] * 1e6,
+             "attend_us": t["C call"] * 1e6, "overhead_us": (t["C call"] - t["C++"]) * 1e6,
+             "best_overhead_us": (best["C call"] - best["C++"]) * 1e6,
+             "pytorch_us": float("nan"), "threads": 1}]
 
 
 def plan_decode_case(args, generator):

@@ -1,19 +1,21 @@
 // paged_fuzzer: block tables, sequence lengths and cu_seqlens from arbitrary bytes, against
 // storage allocated to the exact size (ASan sees any read past a block, a table or an offset
-// array). paged_attention_into, varlen_attention_into and PagedKvCache (append, attend, fork,
-// eviction) must either run or end in an attend::Error with a printable message; anything
-// else (a crash, a sanitizer report, another exception, a hang) is a finding.
+// array). paged_attention_into (float blocks, and int8 blocks with their scales),
+// varlen_attention_into and PagedKvCache (append, attend, fork, eviction) must either run or
+// end in an attend::Error with a printable message; anything else (a crash, a sanitizer
+// report, another exception, a hang) is a finding.
 //
 // Input: byte 0 batch B (1 + b % 4), byte 1 block size (1 + b % 8), byte 2 blocks (1 + b % 16),
 // byte 3 flags (bit 0 causal, bit 1 window, bit 2 kv_heads 1 instead of 2, bit 3 prefix 1,
 // bits 4-6 the cache's format: float32, float16, bfloat16, int8, float8_e4m3, float8_e5m2;
-// bit 7 the raw call's blocks in bfloat16),
+// bit 7 the raw call's blocks in bfloat16 and an infinite scale in the int8 call's block 0),
 // then int32 little-endian words, as many as there are: cu_seqlens_q (B + 1), seq_lens (B),
 // block tables (B × 4), then cu_seqlens_k (B + 1) for the ragged call. Missing words are 0.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string_view>
 #include <vector>
 
@@ -80,6 +82,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     attend::paged_attention_into(query.view(), cu_q.view(), key_blocks.view(), key_blocks.view(),
                                  tables.view(), lens.view(), output.view(), options);
+  } catch (const attend::Error& e) {
+    check_message(e);
+  }
+  // The same tables over caller int8 blocks with their scales (bit 7: a scale that is not
+  // finite in block 0).
+  const attend::Tensor int8_blocks = attend::Tensor::zeros(
+      attend::DType::kInt8, attend::Shape({blocks, block_size, kv_heads, kDim}));
+  attend::Tensor scales(attend::DType::kFloat32, attend::Shape({blocks, block_size, kv_heads}));
+  for (int64_t n = 0; n < scales.numel(); ++n) scales.data_as<float>()[n] = 0.5f;
+  if (flags & 128) scales.data_as<float>()[0] = std::numeric_limits<float>::infinity();
+  try {
+    const attend::TensorView scale_view = scales.view();
+    attend::paged_attention_into(query.view(), cu_q.view(), int8_blocks.view(), int8_blocks.view(),
+                                 tables.view(), lens.view(), output.view(), options, nullptr,
+                                 nullptr, &scale_view, &scale_view);
   } catch (const attend::Error& e) {
     check_message(e);
   }

@@ -3,6 +3,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #include <new>
 #include <utility>
 
@@ -121,11 +124,22 @@ bool TensorView::is_contiguous() const { return strides == contiguous_strides(sh
 
 namespace {
 constexpr size_t kAlignment = 64;
+// Tensors of at least this many bytes (KV caches, long sequences' K and V) start on a 2 MiB
+// boundary and ask Linux for transparent huge pages: a decode step walks a cache of many
+// MiB, where 4 KiB pages would cost a TLB miss every few KiB read (the kernel's "madvise"
+// mode, Debian's default, gives huge pages only where asked). Elsewhere, or where the kernel
+// declines, the pages stay 4 KiB: only speed depends on it.
+constexpr size_t kHugePage = size_t{2} << 20;
 
 void* allocate_aligned(size_t nbytes, const Shape& shape, DType dtype) {
   if (nbytes == 0) return nullptr;
-  const size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* p = std::aligned_alloc(kAlignment, rounded);
+  const bool huge = nbytes >= 2 * kHugePage;
+  const size_t alignment = huge ? kHugePage : kAlignment;
+  const size_t rounded = (nbytes + alignment - 1) / alignment * alignment;
+  void* p = std::aligned_alloc(alignment, rounded);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (p != nullptr && huge) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
   if (p == nullptr) {
     throw Error("out of memory: cannot allocate " + std::to_string(nbytes) + " bytes for a " +
                 dtype_name(dtype) + " tensor of shape " + shape.str());

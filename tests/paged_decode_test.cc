@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -300,6 +301,91 @@ TEST(PagedAttention, ZeroRowStrideBlocksAreGathered) {
       varlen_attention(q.view(), keys.view(), keys.view(), cu_q.view(), cu_k.view(), {});
   for (int64_t n = 0; n < out.numel(); ++n) {
     EXPECT_NEAR(out.data_as<float>()[n], want.data_as<float>()[n], 1e-5) << n;
+  }
+}
+
+// Caller-owned int8 and float8 blocks with their scales (paged_attention_into's key_scales,
+// value_scales): the same bits as PagedKvCache::attend over the same storage and tables;
+// blocks without scales, scales for unscaled blocks, scales of the wrong shape or dtype and
+// a scale that is not finite in a listed token are refused before the output is touched.
+TEST(PagedAttention, CallerQuantizedBlocksWithTheirScales) {
+  for (const DType format : {DType::kInt8, DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    SCOPED_TRACE(dtype_name(format));
+    KvCacheConfig config;
+    config.num_blocks = 12;
+    config.block_size = 4;
+    config.kv_heads = 2;
+    config.head_dim = 32;
+    config.dtype = format;
+    PagedKvCache cache(config);
+    const std::vector<int64_t> ids = {cache.add_sequence(), cache.add_sequence()};
+    const std::vector<int64_t> lengths = {13, 6};
+    const Tensor k = random_tensor(Shape({19, 2, 32}), 5), v = random_tensor(Shape({19, 2, 32}), 6);
+    const Tensor cu = offsets(lengths);
+    cache.append(ids, k.view(), v.view(), cu.view());
+    const Tensor q = random_tensor(Shape({3, 4, 32}), 7);  // 2 queries, then 1; G = 2
+    const Tensor cu_q = offsets({2, 1});
+    Tensor want(DType::kFloat32, Shape({3, 4, 32}));
+    cache.attend(ids, q.view(), cu_q.view(), want.view());
+
+    Tensor tables = Tensor::zeros(DType::kInt32, Shape({2, 4}));
+    Tensor lens(DType::kInt32, Shape({2}));
+    for (size_t s = 0; s < ids.size(); ++s) {
+      const std::vector<int32_t> table = cache.block_table(ids[s]);
+      std::copy(table.begin(), table.end(), tables.data_as<int32_t>() + 4 * s);
+      lens.data_as<int32_t>()[s] = static_cast<int32_t>(lengths[s]);
+    }
+    const TensorView kb = cache.key_blocks(), vb = cache.value_blocks();
+    const TensorView ks = cache.key_scales(), vs = cache.value_scales();
+    const auto run = [&](const TensorView* key_scales, const TensorView* value_scales,
+                         const TensorView& key_blocks) {
+      Tensor out = Tensor::zeros(DType::kFloat32, Shape({3, 4, 32}));
+      paged_attention_into(q.view(), cu_q.view(), key_blocks, vb, tables.view(), lens.view(),
+                           out.view(), {}, nullptr, nullptr, key_scales, value_scales);
+      return out;
+    };
+    EXPECT_TRUE(same_bits(run(&ks, &vs, kb), want));
+
+    const auto refused = [&](const TensorView* key_scales, const TensorView* value_scales,
+                             const TensorView& key_blocks, const std::string& says) {
+      Tensor out = Tensor::zeros(DType::kFloat32, Shape({3, 4, 32}));
+      try {
+        paged_attention_into(q.view(), cu_q.view(), key_blocks, vb, tables.view(), lens.view(),
+                             out.view(), {}, nullptr, nullptr, key_scales, value_scales);
+        ADD_FAILURE() << "not refused: " << says;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      }
+      for (int64_t n = 0; n < out.numel(); ++n) ASSERT_EQ(out.data_as<float>()[n], 0.0f);
+    };
+    refused(nullptr, &vs, kb, "needs key_scales");
+    refused(&ks, nullptr, kb, "needs value_scales");
+    const Tensor float_blocks = Tensor::zeros(DType::kFloat32, kb.shape);
+    refused(&ks, &vs, float_blocks.view(), "takes no key_scales");
+    TensorView short_scales = ks;
+    short_scales.shape[0] = 11;
+    refused(&short_scales, &vs, kb, "should be float32");
+    TensorView int_scales = ks;
+    int_scales.dtype = DType::kInt32;
+    refused(&int_scales, &vs, kb, "should be float32");
+    // A scale that is not finite: refused in a token a sequence reads (sequence 1's last,
+    // token 5), harmless in a block no table lists.
+    // (The copy keeps the cache's layout, (num_blocks, Hkv, block_size) seen through ks's
+    // strides, so that the blocks are still read in place.)
+    Tensor storage(DType::kFloat32, Shape({ks.shape[0], ks.shape[2], ks.shape[1]}));
+    const TensorView bad(storage.data(), DType::kFloat32, ks.shape, ks.strides);
+    convert(ks, bad);
+    const std::vector<int32_t> table1 = cache.block_table(ids[1]);
+    const Shape st = ks.strides;
+    float* scales = storage.data_as<float>();
+    float* at = scales + table1[1] * st[0] + 1 * st[1];
+    for (const float x : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+      *at = x;
+      refused(&bad, &vs, kb, "key_scales of token 5, head 0");
+    }
+    *at = ks.data_as<const float>()[table1[1] * ks.strides[0] + 1 * ks.strides[1]];
+    scales[11 * st[0]] = std::nanf("");  // block 11: never listed
+    EXPECT_TRUE(same_bits(run(&bad, &vs, kb), want));
   }
 }
 

@@ -1,8 +1,9 @@
 // attend/kv_cache.hpp: a paged key/value cache (vLLM's layout) and attention over it.
 //
 // Storage: fixed-size blocks, key_blocks (num_blocks, block_size, Hkv, E) and value_blocks
-// (num_blocks, block_size, Hkv, Ev), float32, float16 or bfloat16 (and, in PagedKvCache,
-// int8, float8_e4m3 or float8_e5m2 with a scale per token and head). A sequence's tokens
+// (num_blocks, block_size, Hkv, Ev), float32, float16 or bfloat16, or int8, float8_e4m3 or
+// float8_e5m2 with a float32 scale per token and head (num_blocks, block_size, Hkv): a
+// PagedKvCache's own, or the caller's (key_scales, value_scales). A sequence's tokens
 // live in the blocks its block table lists: token t at block_table[t / block_size], row
 // t % block_size. Leading entries may be -1: blocks evicted by a sliding window (the
 // sequence's // first of its first listed block).
@@ -50,12 +51,18 @@ namespace attend {
 // sequence s, over all heads, give to its cached token t (Σ_h Σ_i w_hit); 0 past the length
 // and for evicted tokens. It costs a pass that materializes each sequence's weights
 // (H, Lq, Lk kept) as need_weights does.
+// key_scales and value_scales: for blocks of int8, float8_e4m3 or float8_e5m2 (and only for
+// those), float32 (num_blocks, block_size, Hkv), one scale per token and head as
+// PagedKvCache keeps them: stored code x stands for scale · x (kv_format.hpp). Every scale a
+// call reads (the listed tokens') must be finite.
 void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_q,
                           const TensorView& key_blocks, const TensorView& value_blocks,
                           const TensorView& block_tables, const TensorView& seq_lens,
                           const TensorView& output, const AttentionOptions& options = {},
                           const TensorView* logsumexp = nullptr,
-                          const TensorView* key_mass = nullptr);
+                          const TensorView* key_mass = nullptr,
+                          const TensorView* key_scales = nullptr,
+                          const TensorView* value_scales = nullptr);
 
 struct KvCacheConfig {
   int64_t num_blocks = 0;  // >= 1

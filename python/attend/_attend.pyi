@@ -219,10 +219,14 @@ def paged_attention(query: Array, cu_seqlens_q: Array, key_blocks: Array, value_
                     block_tables: Array, seq_lens: Array, *, out: Optional[Array] = None,
                     options: Optional[ServingOptions] = None,
                     logsumexp: Union[None, bool, Array] = None,
-                    key_mass: Union[None, bool, Array] = None) -> Any:
+                    key_mass: Union[None, bool, Array] = None,
+                    key_scales: Optional[Array] = None, value_scales: Optional[Array] = None,
+                    kv_format: Optional[str] = None) -> Any:
     """query (total_q, H, E), cu_seqlens_q (B + 1), key_blocks (N, block_size, Hkv, E),
     value_blocks (N, block_size, Hkv, Ev), block_tables (B, max_blocks), seq_lens (B) -> out
-    (total_q, H, Ev), or (out, logsumexp (total_q, H), key_mass (B, max_blocks·block_size))."""
+    (total_q, H, Ev), or (out, logsumexp (total_q, H), key_mass (B, max_blocks·block_size)).
+    int8/float8 blocks: key_scales, value_scales float32 (N, block_size, Hkv); kv_format names
+    the format of uint8 bits ("float8_e4m3", "float8_e5m2")."""
 
 
 def varlen_attention(query: Array, key: Array, value: Array, cu_seqlens_q: Array,

@@ -1,13 +1,15 @@
 // arrays.hpp: Python arrays read as attend::TensorView in place, and attend::Tensor results
 // handed back to Python, both without copying.
 //
-// In: a NumPy array (or anything with the buffer protocol) through PEP 3118 buffers; a torch
-// tensor through data_ptr(), shape, stride() and dtype (what its DLPack export holds, read
-// without making the export); any other object through its __dlpack__ capsule. Shapes and strides
-// are taken as they are: a transposed or sliced array is a strided view, as the C++ views are. Out:
-// the result's memory is owned by the returned array (a NumPy array whose base holds the
-// attend::Tensor, or a torch tensor made by torch's from_dlpack), of the caller's kind: torch
-// tensors in give torch tensors out.
+// In, by the first that applies: a torch tensor through data_ptr(), shape, stride() and dtype
+// (what its DLPack export holds, read without making the export); a NumPy ndarray from its own
+// fields (native byte order, a dtype attend reads); anything with the buffer protocol (PEP 3118
+// buffers: ndarrays of other byte orders, memoryview, ...); any other object through its
+// __dlpack__ capsule. Shapes and strides are taken as they are: a transposed or sliced array is
+// a strided view, as the C++ views are. Out: the result's memory is owned by the returned array
+// (a NumPy array whose base holds the attend::Tensor, or a torch tensor made by torch's
+// from_dlpack), of the caller's kind: torch tensors in give torch tensors out. One file per
+// protocol (protocols.hpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -31,8 +33,8 @@ class ArgumentTypeError : public attend::Error {
 // What the caller passed, and so what results come back as.
 enum class Kind : uint8_t { kNumpy, kTorch };
 
-// The memory of a Python array as an attend::TensorView. Holds the exporter (a Py_buffer or
-// the DLPack capsule) until destroyed, which must happen with the GIL held.
+// The memory of a Python array as an attend::TensorView. Holds the array (torch, NumPy), its
+// Py_buffer or its DLPack capsule until destroyed, which must happen with the GIL held.
 class Borrowed {
  public:
   Borrowed() = default;
@@ -50,7 +52,7 @@ class Borrowed {
  private:
   friend Borrowed borrow(py::handle object, const char* name, bool writable);
   void release();
-  py::object owner_;  // the array itself (torch), or the DLPack capsule
+  py::object owner_;  // the array itself (torch, NumPy read from its fields), or the capsule
   Py_buffer buffer_{};
   bool has_buffer_ = false;
 };

@@ -344,9 +344,6 @@ enum EntryArgument : int {
   kEntryArguments
 };
 constexpr int kPositionalArguments = kEnableGqa + 1;
-const char* const kEntryNames[kEntryArguments] = {
-    "query", "key",        "value",          "attn_mask", "dropout_p",   "is_causal",
-    "scale", "enable_gqa", "return_weights", "seed",      "num_threads", "out"};
 
 PyObject* python_implementation(PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   static PyObject* function = nullptr;  // never released: lives as long as the module
@@ -361,27 +358,13 @@ PyObject* python_implementation(PyObject* const* args, size_t nargsf, PyObject* 
 }
 
 PyObject* sdpa_entry(PyObject*, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  static PyObject* names[kEntryArguments] = {};
-  if (names[0] == nullptr) {
-    for (int i = 0; i < kEntryArguments; ++i) names[i] = PyUnicode_InternFromString(kEntryNames[i]);
-  }
+  static const FastcallNames names{"query",     "key",        "value",          "attn_mask",
+                                   "dropout_p", "is_causal",  "scale",          "enable_gqa",
+                                   "return_weights", "seed",  "num_threads",    "out"};
   const auto defer = [&] { return python_implementation(args, nargsf, kwnames); };
-  const Py_ssize_t positional = PyVectorcall_NARGS(nargsf);
-  if (positional > kPositionalArguments) return defer();
-  PyObject* a[kEntryArguments] = {};
-  for (Py_ssize_t i = 0; i < positional; ++i) a[i] = args[i];
-  const Py_ssize_t keywords = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-  for (Py_ssize_t j = 0; j < keywords; ++j) {
-    PyObject* name = PyTuple_GET_ITEM(kwnames, j);
-    int found = -1;  // keywords in calls are interned: compare pointers first
-    for (int i = 0; i < kEntryArguments && found < 0; ++i) {
-      if (name == names[i]) found = i;
-    }
-    for (int i = 0; i < kEntryArguments && found < 0; ++i) {
-      if (PyUnicode_Compare(name, names[i]) == 0) found = i;
-    }
-    if (found < 0 || a[found] != nullptr) return defer();
-    a[found] = args[positional + j];
+  PyObject* a[kEntryArguments];
+  if (!names.sort(args, PyVectorcall_NARGS(nargsf), kwnames, kPositionalArguments, a)) {
+    return defer();
   }
   if (a[kQuery] == nullptr || a[kKey] == nullptr || a[kValue] == nullptr) return defer();
   const auto given = [&](int i) { return a[i] != nullptr && a[i] != Py_None; };

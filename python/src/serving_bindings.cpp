@@ -2,8 +2,8 @@
 // for Python: attend.PagedKvCache, attend.paged_attention, attend.varlen_attention,
 // attend.Rope, attend.AttentionPlan and attend.ServingOptions (the score rules of one call).
 //
-// Every array is borrowed in place (NumPy through its buffer, torch tensors through their
-// data pointer and strides, arrays.hpp), the GIL is released while the C++ call runs, and the
+// Every array is borrowed in place (arrays.hpp: NumPy arrays from their fields, torch tensors
+// through their data pointer and strides), the GIL is released while the C++ call runs, and the
 // C++ call validates everything: a bad block table, length or dtype raises attend.Error (or
 // attend.DTypeError) with the C++ message, before any output or cache block is written.
 // Outputs are the caller's arrays when given (`out`, `logsumexp`, `key_mass`), else new ones
@@ -25,7 +25,6 @@
 #include "attend/rope.hpp"
 #include "attend/varlen.hpp"
 #include "bindings.hpp"
-#include "numpy_views.hpp"
 
 namespace attend_python {
 namespace {
@@ -124,13 +123,13 @@ const ServingOptions& options_or_default(const ServingOptions* options) {
 // An output: the caller's array (borrowed writable), or a new tensor of `shape` and `dtype`
 // handed back as `kind`.
 struct Output {
-  std::optional<InPlace> borrowed;
+  std::optional<Borrowed> borrowed;
   std::optional<Tensor> owned;
   TensorView view;
 
   Output(py::handle given, const char* name, DType dtype, const Shape& shape) {
     if (!given.is_none()) {
-      borrowed.emplace(given, name, true);
+      borrowed = borrow(given, name, true);
       view = borrowed->view;
     } else {
       owned = Tensor(dtype, shape);
@@ -176,13 +175,33 @@ py::object results(Output& out, py::handle out_given, OptionalOutput& lse, py::h
 
 // ---- paged attention over caller blocks, ragged batches -----------------------------------
 
+// The blocks' elements read as `kv_format` (None: as their own dtype): 8-bit floats have no
+// NumPy dtype, so their bits come as uint8 (as PagedKvCache's storage views give them).
+TensorView blocks_as(const Borrowed& blocks, py::handle kv_format, const char* name) {
+  TensorView view = blocks.view;
+  if (kv_format.is_none()) return view;
+  const DType format = dtype_named(py::str(kv_format));
+  if (attend::dtype_size(format) != attend::dtype_size(view.dtype)) {
+    throw attend::Error(std::string(name) + " of dtype " + attend::dtype_name(view.dtype) +
+                        " cannot be read as kv_format " + attend::dtype_name(format) +
+                        " (elements of another size)");
+  }
+  view.dtype = format;
+  return view;
+}
+
 py::object paged_attention(py::handle query, py::handle cu_seqlens_q, py::handle key_blocks,
                            py::handle value_blocks, py::handle block_tables, py::handle seq_lens,
                            py::handle out, const ServingOptions* options, py::handle logsumexp,
-                           py::handle key_mass) {
-  const InPlace q(query, "query"), cu(cu_seqlens_q, "cu_seqlens_q");
-  const InPlace kb(key_blocks, "key_blocks"), vb(value_blocks, "value_blocks");
-  const InPlace tables(block_tables, "block_tables"), lens(seq_lens, "seq_lens");
+                           py::handle key_mass, py::handle key_scales, py::handle value_scales,
+                           py::handle kv_format) {
+  const Borrowed q = borrow(query, "query"), cu = borrow(cu_seqlens_q, "cu_seqlens_q");
+  const Borrowed kb = borrow(key_blocks, "key_blocks"), vb = borrow(value_blocks, "value_blocks");
+  const Borrowed tables = borrow(block_tables, "block_tables"), lens = borrow(seq_lens, "seq_lens");
+  const TensorView kbv = blocks_as(kb, kv_format, "key_blocks");
+  const TensorView vbv = blocks_as(vb, kv_format, "value_blocks");
+  const std::optional<Borrowed> ks = borrow_optional(key_scales, "key_scales");
+  const std::optional<Borrowed> vs = borrow_optional(value_scales, "value_scales");
   Output o(out, "out", q.view.dtype, output_shape(q.view, dim(vb.view, 3)));
   OptionalOutput lse(logsumexp, "logsumexp", Shape({dim(q.view, 0), dim(q.view, 1)}));
   OptionalOutput mass(key_mass, "key_mass",
@@ -190,8 +209,9 @@ py::object paged_attention(py::handle query, py::handle cu_seqlens_q, py::handle
   const attend::AttentionOptions call = options_or_default(options).resolved();
   {
     py::gil_scoped_release release;
-    attend::paged_attention_into(q.view, cu.view, kb.view, vb.view, tables.view, lens.view,
-                                 o.view, call, lse.view(), mass.view());
+    attend::paged_attention_into(q.view, cu.view, kbv, vbv, tables.view, lens.view, o.view, call,
+                                 lse.view(), mass.view(), ks ? &ks->view : nullptr,
+                                 vs ? &vs->view : nullptr);
   }
   return results(o, out, lse, logsumexp, &mass, key_mass, q.kind);
 }
@@ -199,9 +219,9 @@ py::object paged_attention(py::handle query, py::handle cu_seqlens_q, py::handle
 py::object varlen_attention(py::handle query, py::handle key, py::handle value,
                             py::handle cu_seqlens_q, py::handle cu_seqlens_k, py::handle out,
                             const ServingOptions* options, py::handle logsumexp) {
-  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
-  const InPlace cq(cu_seqlens_q, "cu_seqlens_q"),
-                 ck(cu_seqlens_k, "cu_seqlens_k");
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed cq = borrow(cu_seqlens_q, "cu_seqlens_q"),
+                 ck = borrow(cu_seqlens_k, "cu_seqlens_k");
   Output o(out, "out", q.view.dtype, output_shape(q.view, dim(v.view, 2)));
   OptionalOutput lse(logsumexp, "logsumexp", Shape({dim(q.view, 0), dim(q.view, 1)}));
   const attend::AttentionOptions call = options_or_default(options).resolved();
@@ -225,13 +245,13 @@ attend::RopeOptions make_rope(double base, bool interleaved, int64_t rotary_dim)
 }
 
 void rope_apply(const attend::RopeOptions& rope, py::handle x, int64_t position_offset) {
-  const InPlace view(x, "x", true);
+  const Borrowed view = borrow(x, "x", true);
   py::gil_scoped_release release;
   attend::apply_rope(view.view, position_offset, rope);
 }
 
 void rope_apply_at(const attend::RopeOptions& rope, py::handle x, py::handle positions) {
-  const InPlace view(x, "x", true), at(positions, "positions");
+  const Borrowed view = borrow(x, "x", true), at = borrow(positions, "positions");
   py::gil_scoped_release release;
   attend::apply_rope_at(view.view, at.view, rope);
 }
@@ -255,8 +275,8 @@ py::object storage_property(py::object self) {
 
 void cache_append(attend::PagedKvCache& cache, const std::vector<int64_t>& ids, py::handle key,
                   py::handle value, py::handle cu_seqlens, const attend::RopeOptions* rope) {
-  const InPlace k(key, "key"), v(value, "value");
-  const InPlace cu(cu_seqlens, "cu_seqlens");
+  const Borrowed k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed cu = borrow(cu_seqlens, "cu_seqlens");
   py::gil_scoped_release release;
   cache.append(ids, k.view, v.view, cu.view, rope);
 }
@@ -264,7 +284,7 @@ void cache_append(attend::PagedKvCache& cache, const std::vector<int64_t>& ids, 
 py::object cache_attend(const attend::PagedKvCache& cache, const std::vector<int64_t>& ids,
                         py::handle query, py::handle cu_seqlens_q, py::handle out,
                         const ServingOptions* options, py::handle logsumexp, py::handle key_mass) {
-  const InPlace q(query, "query"), cu(cu_seqlens_q, "cu_seqlens_q");
+  const Borrowed q = borrow(query, "query"), cu = borrow(cu_seqlens_q, "cu_seqlens_q");
   const attend::KvCacheConfig& config = cache.config();
   const int64_t value_dim = config.value_dim > 0 ? config.value_dim : config.head_dim;
   Output o(out, "out", q.view.dtype, output_shape(q.view, value_dim));
@@ -296,8 +316,8 @@ struct Plan {
 
 Plan make_plan(py::handle query, py::handle key, py::handle value, py::handle out,
                py::object options_object, bool variable_key_length, bool need_logsumexp) {
-  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
-  const InPlace o(out, "out", true);
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed o = borrow(out, "out", true);
   const ServingOptions* options =
       options_object.is_none() ? nullptr : options_object.cast<const ServingOptions*>();
   attend::AttentionOptions call = options_or_default(options).resolved();
@@ -311,12 +331,29 @@ Plan make_plan(py::handle query, py::handle key, py::handle value, py::handle ou
 
 void plan_run(const Plan& p, py::handle query, py::handle key, py::handle value, py::handle out,
               py::handle logsumexp) {
-  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
-  const InPlace o(out, "out", true);
-  std::optional<InPlace> lse;
-  if (!logsumexp.is_none()) lse.emplace(logsumexp, "logsumexp", true);
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed o = borrow(out, "out", true);
+  std::optional<Borrowed> lse;
+  if (!logsumexp.is_none()) lse = borrow(logsumexp, "logsumexp", true);
   py::gil_scoped_release release;
   p.plan->run(q.view, k.view, v.view, o.view, lse ? &lse->view : nullptr);
+}
+
+// AttentionPlan.run(query, key, value, out, *, logsumexp=None): the per-step call, through
+// the METH_FASTCALL convention (bindings.hpp).
+PyObject* plan_run_fastcall(PyObject* self, PyObject* const* args, size_t nargsf,
+                            PyObject* kwnames) {
+  static const FastcallNames names{"query", "key", "value", "out", "logsumexp"};
+  PyObject* a[5];
+  if (!names.sort_or_raise("AttentionPlan.run", args, nargsf, kwnames, 4, 4, a)) return nullptr;
+  try {
+    plan_run(py::handle(self).cast<const Plan&>(), a[0], a[1], a[2], a[3],
+             a[4] != nullptr ? a[4] : Py_None);
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
 }
 
 // A plan bound to the arrays of a decode loop that rewrites them in place each step: a call
@@ -367,12 +404,23 @@ class BoundPlan {
   std::vector<Argument> arguments_;
 };
 
+// BoundPlan.__call__() without pybind11's dispatcher.
+PyObject* bound_plan_call(PyObject* self, PyObject*) {
+  try {
+    py::handle(self).cast<BoundPlan&>().run();
+  } catch (...) {
+    set_python_error(std::current_exception());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 // Seconds per plan.run() of the C++ API itself on borrowed arrays (python_bench.py's
 // baseline for a planned decode call), of the calling thread's CPU time or wall time.
 double cpp_plan_seconds(const Plan& p, py::handle query, py::handle key, py::handle value,
                         py::handle out, int calls, bool thread_cpu_time) {
-  const InPlace q(query, "query"), k(key, "key"), v(value, "value");
-  const InPlace o(out, "out", true);
+  const Borrowed q = borrow(query, "query"), k = borrow(key, "key"), v = borrow(value, "value");
+  const Borrowed o = borrow(out, "out", true);
   py::gil_scoped_release release;
   const auto now = [thread_cpu_time] {
     timespec t;
@@ -399,12 +447,15 @@ masked_rows: "uniform" or "zero" for rows that see no key. compute: "auto", "flo
 "bfloat16" products. num_threads: 0 = attend.set_num_threads's setting. The slopes and sinks
 arrays are read in place while the options live.)";
 
-constexpr const char* kPagedDoc = R"(paged_attention(query, cu_seqlens_q, key_blocks, value_blocks, block_tables, seq_lens, *, out=None, options=None, logsumexp=None, key_mass=None)
+constexpr const char* kPagedDoc = R"(paged_attention(query, cu_seqlens_q, key_blocks, value_blocks, block_tables, seq_lens, *, out=None, options=None, logsumexp=None, key_mass=None, key_scales=None, value_scales=None, kv_format=None)
 
 Attention of a batch over caller-owned paged blocks (vLLM's layout), attend::paged_attention_into.
 query (total_q, H, E), cu_seqlens_q int32 (B + 1) packing the B sequences' queries;
 key_blocks (num_blocks, block_size, Hkv, E) and value_blocks (num_blocks, block_size, Hkv, Ev),
-float32, float16 or bfloat16; block_tables int32 (B, max_blocks), -1 for evicted leading
+float32, float16 or bfloat16, or int8, float8_e4m3 or float8_e5m2 with key_scales and
+value_scales, float32 (num_blocks, block_size, Hkv), one per token and head (kv_format names
+the blocks' format where their dtype cannot: "float8_e4m3" for uint8 bits, as
+PagedKvCache.key_blocks gives them); block_tables int32 (B, max_blocks), -1 for evicted leading
 blocks; seq_lens int32 (B): sequence s attends to its seq_lens[s] cached tokens, its queries
 being the last of them. Returns out (total_q, H, Ev) of query's dtype (the given array,
 written in place, or a new one of query's kind). logsumexp: True or a float32 (total_q, H)
@@ -510,7 +561,8 @@ void bind_serving(py::module_& m) {
         py::arg("key_blocks"), py::arg("value_blocks"), py::arg("block_tables"),
         py::arg("seq_lens"), py::kw_only(), py::arg("out") = py::none(),
         py::arg("options") = nullptr, py::arg("logsumexp") = py::none(),
-        py::arg("key_mass") = py::none());
+        py::arg("key_mass") = py::none(), py::arg("key_scales") = py::none(),
+        py::arg("value_scales") = py::none(), py::arg("kv_format") = py::none());
   m.def("varlen_attention", &varlen_attention, kVarlenDoc, py::arg("query"), py::arg("key"), py::arg("value"),
         py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::kw_only(),
         py::arg("out") = py::none(), py::arg("options") = nullptr,
@@ -587,12 +639,11 @@ void bind_serving(py::module_& m) {
            py::kw_only(), py::arg("out") = py::none(), py::arg("options") = nullptr,
            py::arg("logsumexp") = py::none(), py::arg("key_mass") = py::none());
 
-  py::class_<Plan>(m, "AttentionPlan", kPlanDoc)
+  py::class_<Plan> plan(m, "AttentionPlan", kPlanDoc);
+  plan
       .def(py::init(&make_plan), py::arg("query"), py::arg("key"), py::arg("value"),
            py::arg("out"), py::kw_only(), py::arg("options") = py::none(),
            py::arg("variable_key_length") = false, py::arg("need_logsumexp") = false)
-      .def("run", &plan_run, kPlanRunDoc, py::arg("query"), py::arg("key"), py::arg("value"), py::arg("out"),
-           py::kw_only(), py::arg("logsumexp") = py::none())
       .def(
           "bind",
           [](py::object self, py::handle query, py::handle key, py::handle value, py::handle out,
@@ -603,8 +654,14 @@ void bind_serving(py::module_& m) {
           py::kw_only(), py::arg("logsumexp") = py::none())
       .def_property_readonly("prepared", [](const Plan& p) { return p.plan->prepared(); },
                              "whether run() takes the prepared path");
-  py::class_<BoundPlan>(m, "BoundPlan", kBoundPlanDoc)
-      .def("__call__", &BoundPlan::run, "runs the plan on the bound arrays (writes out)");
+  static PyMethodDef run_method = {
+      "run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(plan_run_fastcall)),
+      METH_FASTCALL | METH_KEYWORDS, kPlanRunDoc};
+  add_method(plan, &run_method);
+  py::class_<BoundPlan> bound(m, "BoundPlan", kBoundPlanDoc);
+  static PyMethodDef call_method = {"__call__", bound_plan_call, METH_NOARGS,
+                                    "runs the plan on the bound arrays (writes out)"};
+  add_method(bound, &call_method);
   m.def("cpp_plan_seconds", &cpp_plan_seconds);
 }
 

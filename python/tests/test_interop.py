@@ -252,3 +252,47 @@ def test_the_comparison_can_fail(generator):
         perturbed = out.clone()
         perturbed[0, 1, 2, 3] += 2 * tolerance
         assert_close(perturbed, expected, tolerance)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_every_protocol_reads_an_array_alike(generator, dtype):
+    """An ndarray read from its fields, the same memory through the buffer protocol
+    (memoryview), through DLPack and as a torch tensor: the same views, so the same bits;
+    strided views included."""
+    q, k, v = (random(generator, 2, 3, n, 8).numpy().astype(dtype) for n in (4, 6, 6))
+    k = np.ascontiguousarray(k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)  # strided
+    v = v[:, :, ::1, :]
+    if dtype == np.float64:  # attend reads no float64: every route refuses it alike
+        for wrap in (lambda a: a, memoryview, DLPackOnly, torch.from_numpy):
+            with pytest.raises(TypeError, match="query: .*float64|query: dtype"):
+                attend.scaled_dot_product_attention(wrap(q), k, v)
+        return
+    want = attend.scaled_dot_product_attention(q, k, v)
+    for wrap in (memoryview, DLPackOnly, torch.from_numpy):
+        got = attend.scaled_dot_product_attention(wrap(q), wrap(k), wrap(v))
+        got = got.numpy() if isinstance(got, torch.Tensor) else got
+        assert got.dtype == want.dtype and np.array_equal(got, want), wrap
+
+
+def test_metadata_changed_in_place_is_read_again(generator):
+    """Nothing about an array is remembered between calls: a shape or strides changed in place
+    (ndarray.shape =, torch's transpose_, resize_, set_) is what the next call reads."""
+    q, k, v = (random(generator, 1, 2, 6, 8) for _ in range(3))
+    for make in (lambda t: t.numpy().copy(), lambda t: t.clone()):
+        qa, ka, va = make(q), make(k), make(v)
+        before = attend.scaled_dot_product_attention(qa, ka, va)
+        if isinstance(qa, np.ndarray):
+            qa.shape = (1, 2, 8, 6)  # the same memory, another shape
+            ka.shape = va.shape = (1, 2, 8, 6)
+        else:
+            for t in (qa, ka, va):
+                t.transpose_(2, 3)
+        after = attend.scaled_dot_product_attention(qa, ka, va)
+        assert after.shape == (1, 2, 8, 6) and before.shape == (1, 2, 6, 8)
+        want = attend.scaled_dot_product_attention(*(np.array(a) for a in (qa, ka, va)))
+        assert np.array_equal(np.asarray(after), want)
+    t = q.clone()
+    t.resize_(1, 2, 3, 8)
+    assert attend.scaled_dot_product_attention(t, t, t).shape == (1, 2, 3, 8)
+    t.set_(torch.ones(1, 1, 2, 4))
+    assert torch.equal(attend.scaled_dot_product_attention(t, t, t), torch.ones(1, 1, 2, 4))

@@ -225,6 +225,34 @@ def test_paged_attention_over_caller_blocks():
     assert same_bits(one, two)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "float8_e4m3", "float8_e5m2"])
+def test_paged_attention_over_caller_quantized_blocks(dtype):
+    """Caller blocks of a scaled format with their scales: PagedKvCache.attend's bits over the
+    same storage; blocks without scales, or read as a format of another size, refused."""
+    cache = attend.PagedKvCache(12, block_size=4, kv_heads=KV_HEADS, head_dim=DIM, dtype=dtype)
+    ids = [cache.add_sequence() for _ in range(2)]
+    cache.append(ids, normal((19, KV_HEADS, DIM), 60), normal((19, KV_HEADS, DIM), 61),
+                 attend.cu_seqlens([13, 6]))
+    query, cu_q = normal((3, HEADS, DIM), 62), attend.cu_seqlens([2, 1])
+    want = cache.attend(ids, query, cu_q, options=CAUSAL)
+    tables = np.full((2, 4), -1, np.int32)
+    for s, i in enumerate(ids):
+        table = cache.block_table(i)
+        tables[s, :len(table)] = table
+    lens = np.array([13, 6], np.int32)
+    kb, vb = cache.key_blocks, cache.value_blocks
+    scales = dict(key_scales=cache.key_scales, value_scales=cache.value_scales)
+    fmt = None if dtype == "int8" else dtype
+    got = attend.paged_attention(query, cu_q, kb, vb, tables, lens, options=CAUSAL,
+                                 kv_format=fmt, **scales)
+    assert same_bits(got, want)
+    with pytest.raises(attend.Error, match="needs key_scales"):
+        attend.paged_attention(query, cu_q, kb, vb, tables, lens, kv_format=fmt,
+                               value_scales=cache.value_scales)
+    with pytest.raises(attend.Error, match="cannot be read as kv_format float16"):
+        attend.paged_attention(query, cu_q, kb, vb, tables, lens, kv_format="float16", **scales)
+
+
 def test_key_mass_and_logsumexp():
     lengths, q_lens = [9, 20], [3, 1]
     kb, vb, tables, keys, values = shuffled_blocks(lengths, 4, 17, value_dim=DIM)
@@ -505,3 +533,28 @@ def test_the_gil_is_released_while_attend_works():
     # Held, the GIL lets this thread tick about 3 times (before and after the call); released,
     # 30-60 here.
     assert len(ticks) >= 10, (len(ticks), time.perf_counter() - started)
+
+
+def test_plan_run_takes_its_arguments_by_name_and_refuses_others():
+    q, k, v = (normal((1, HEADS, n, DIM), seed) for n, seed in [(1, 1), (9, 2), (9, 3)])
+    out, lse = np.zeros((1, HEADS, 1, DIM), np.float32), np.zeros((1, HEADS, 1), np.float32)
+    plan = attend.AttentionPlan(q, k, v, out, need_logsumexp=True)
+    plan.run(query=q, key=k, value=v, out=out, logsumexp=lse)
+    want = out.copy()
+    out[:] = 0
+    plan.run(q, k, v, out, logsumexp=lse)
+    assert same_bits(out, want)
+    for bad in [lambda: plan.run(q, k, v), lambda: plan.run(q, k, v, out, lse),
+                lambda: plan.run(q, k, v, out, logsumexp=lse, key=k),
+                lambda: plan.run(q, k, v, out, log_sum_exp=lse),
+                lambda: plan.bind(q, k, v, out)(out)]:
+        with pytest.raises(TypeError):
+            bad()
+    with pytest.raises(TypeError):  # not an AttentionPlan
+        attend.AttentionPlan.run(object(), q, k, v, out)
+    # The plan's layout is checked on every call: an array reshaped in place is refused.
+    q.shape = (1, HEADS, DIM, 1)
+    out[:] = 7
+    with pytest.raises(attend.Error):
+        plan.run(q, k, v, out, logsumexp=lse)
+    assert np.all(out == 7)

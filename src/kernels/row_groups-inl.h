@@ -10,6 +10,7 @@
 #endif
 
 #include <hwy/aligned_allocator.h>
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -69,8 +70,23 @@ using KvPtr = std::conditional_t<
                        std::conditional_t<K == DType::kFloat16 || K == DType::kBFloat16,
                                           const uint16_t*, const uint8_t*>>>;
 
-// One vector of K or V from `p` (unaligned), widened to float32: exactly widen_kv
-// (kv_format.hpp) lane by lane.
+#undef ATTEND_F16C_FP8  // per target
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define ATTEND_F16C_FP8 1  // fp8 widened through float16 bits (F16C)
+#else
+#define ATTEND_F16C_FP8 0
+#endif
+
+// The unit LoadKV and KvAt count K and V in: 1, except float8_e4m3 widened through float16
+// bits (below), whose one shift gives value / 2^8. The 2^8 joins the scales applied to
+// scores and probabilities (ApplyRowScalesAt), which float8 always has: powers of two, so
+// scale_j · (q · (code_j / 2^8)) · 2^8 are the bits of scale_j · (q · code_j) (no product of
+// a code, at least 2^-9, and a float32 query comes near float32's subnormals).
+template <DType K>
+constexpr float kKvUnit = K == DType::kFloat8E4M3 && ATTEND_F16C_FP8 ? 256.0f : 1.0f;
+
+// One vector of K or V from `p` (unaligned), widened to float32 and divided by kKvUnit<K>:
+// widen_kv (kv_format.hpp) lane by lane.
 template <DType K>
 HWY_INLINE VF LoadKV(DF d, KvPtr<K> p) {
   if constexpr (K == DType::kFloat32) {
@@ -84,20 +100,20 @@ HWY_INLINE VF LoadKV(DF d, KvPtr<K> p) {
     const hn::RebindToSigned<DF> di;
     return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, p)));
   } else {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-    // fp8 as float16 bits (F16C widens float16 exactly, subnormals included): E5M2 is a
-    // float16's top byte; E4M3's sign, exponent and mantissa fields moved into float16's
-    // places give its value / 2^8 (float16's bias 15 against 7).
-    const hn::Rebind<uint8_t, DF> d8;
-    const hn::Rebind<uint16_t, DF> d16;
+#if ATTEND_F16C_FP8
+    // fp8 as float16 bits (F16C widens float16 exactly, subnormals included). E5M2 is a
+    // float16's top byte. E4M3 sign-extended to 16 bits and shifted left by 7 has its
+    // exponent and mantissa in float16's places and its sign in bits 15 and 14; clearing bit
+    // 14 leaves a float16 worth value / 2^8 (float16's bias 15 against 7): kKvUnit.
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int16_t, DF> d16;
     const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto code = hn::PromoteTo(d16, hn::LoadU(d8, p));
+    const auto code = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
     if constexpr (K == DType::kFloat8E5M2) {
       return hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(code)));
     } else {
-      const auto bits = hn::Or(hn::ShiftLeft<8>(hn::And(code, hn::Set(d16, 0x80))),
-                               hn::ShiftLeft<7>(hn::And(code, hn::Set(d16, 0x7F))));
-      return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, bits)), hn::Set(d, 256.0f));
+      const auto bits = hn::And(hn::ShiftLeft<7>(code), hn::Set(d16, int16_t{-16512}));  // 0xBF80
+      return hn::PromoteTo(d, hn::BitCast(dh, bits));
     }
 #else
     // fp8 (float8.hpp): sign · significand · 2^(max(e, 1) − bias − mantissa bits), built from
@@ -127,13 +143,32 @@ constexpr int64_t kv_bytes() {
   return static_cast<int64_t>(sizeof(std::remove_pointer_t<KvPtr<K>>));
 }
 
-// Element i of K or V, as float32.
+// Element i of K or V, as float32, divided by kKvUnit<K> (as LoadKV's lanes).
 template <DType K>
 HWY_INLINE float KvAt(KvPtr<K> p, int64_t i) {
   if constexpr (K == DType::kFloat32) {
     return p[i];
   } else {
-    return widen_kv(K, p, i);
+    return widen_kv(K, p, i) / kKvUnit<K>;
+  }
+}
+
+// Keys ahead of the one being read at which a new run of storage rows (a block after a jump
+// in the block table) is prefetched: the hardware prefetcher follows a run once started but
+// cannot know where the next block lives, so each block would otherwise start with a miss
+// per stream. 16 keys: one block of 16 ahead, several hundred ns at a stream's pace.
+constexpr int64_t kPrefetchKeys = 16;
+
+// Where key j (< key_end) starts a run of slots, prefetches the `elements` of its row and of
+// the next key's from `base` (row slot · stride).
+template <DType K>
+HWY_INLINE void PrefetchRunStart(KvPtr<K> base, const int64_t* slot, int64_t j, int64_t key_end,
+                                 int64_t stride, int64_t elements) {
+  if (j >= key_end || slot[j] == slot[j - 1] + 1) return;
+  const int64_t bytes = elements * kv_bytes<K>();
+  for (int64_t k = j; k < std::min(j + 2, key_end); ++k) {
+    const char* row = reinterpret_cast<const char*>(base + slot[k] * stride);
+    for (int64_t o = 0; o < bytes; o += 64) hwy::Prefetch(row + o);
   }
 }
 
@@ -251,6 +286,11 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
     }
     int64_t row[4];
     for (int c = 0; c < 4; ++c) row[c] = slot[j + c] * key_stride;
+    for (int c = 0; c < 4; ++c) {
+      for (int r = 0; r < (kShared ? 1 : G); ++r) {
+        PrefetchRunStart<K>(key[r], slot, j + kPrefetchKeys + c, key_end, key_stride, head_dim);
+      }
+    }
     for (int64_t e = 0; e < head_dim; e += kLanes) {
       VF k[4];
       if constexpr (kShared) {
@@ -349,6 +389,7 @@ HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const i
       acc1[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c + kLanes);
     }
     for (int64_t j = 0; j < keys; ++j) {
+      PrefetchRunStart<K>(value + c, slot, j + kPrefetchKeys, keys, value_stride, 2 * kLanes);
       const KvPtr<K> v = value + slot[j] * value_stride + c;
       const VF v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
       for (int r = 0; r < G; ++r) {
@@ -399,6 +440,7 @@ HWY_INLINE void AccumulateRowBlock(const float* HWY_RESTRICT prob, KvPtr<K> valu
   VF acc[N];
   for (int n = 0; n < N; ++n) acc[n] = first ? hn::Zero(d) : hn::Load(d, out + c0 + n * kLanes);
   for (int64_t j = 0; j < keys; ++j) {
+    PrefetchRunStart<K>(value + c0, slot, j + kPrefetchKeys, keys, value_stride, N * kLanes);
     const KvPtr<K> v = value + slot[j] * value_stride + c0;
     const VF pj = hn::Set(d, prob[j]);
     for (int n = 0; n < N; ++n) acc[n] = hn::MulAdd(pj, LoadKV<K>(d, v + n * kLanes), acc[n]);
@@ -439,10 +481,27 @@ HWY_INLINE void AccumulateRow(const float* prob, KvPtr<K> value, const int64_t* 
   }
 }
 
-// x[j] *= scales[slot_j · stride] for the keys j < count of a span (slots: SpanSlots).
+// x[j] *= scales[slot_j · stride] · unit for the keys j < count of a span (slots: SpanSlots;
+// unit: kKvUnit; x aligned). A vector of keys whose slots run consecutively (within a block)
+// reads its scales as one vector when they are contiguous (stride 1). `ends_decide`: every
+// vector of keys spans at most two blocks (no block table, or blocks of at least kLanes
+// rows), so its first and last slots lying kLanes − 1 apart prove the run.
 HWY_INLINE void ApplyRowScalesAt(const float* scales, int64_t stride, const int64_t* slots,
-                                 int64_t count, float* x) {
-  for (int64_t j = 0; j < count; ++j) x[j] *= scales[slots[j] * stride];
+                                 int64_t count, float unit, bool ends_decide, float* x) {
+  const DF d;
+  const VF unit_v = hn::Set(d, unit);
+  int64_t j = 0;
+  if (stride == 1 && ends_decide) {
+    for (; j + kLanes <= count; j += kLanes) {
+      if (slots[j + kLanes - 1] - slots[j] == kLanes - 1) {
+        const VF scale = hn::Mul(hn::LoadU(d, scales + slots[j]), unit_v);
+        hn::Store(hn::Mul(hn::Load(d, x + j), scale), d, x + j);
+      } else {
+        for (int64_t k = j; k < j + kLanes; ++k) x[k] *= scales[slots[k]] * unit;
+      }
+    }
+  }
+  for (; j < count; ++j) x[j] *= scales[slots[j] * stride] * unit;
 }
 
 template <int G, DType K>
@@ -511,9 +570,10 @@ class RowGroupAttention {
   HWY_INLINE void Dots(bool shared) {
     ComputeDots(group_key_end_, shared);
     if constexpr (is_scaled_kv_format(K)) {
+      slot_ends_decide_ = p_.block_table == nullptr || p_.block_size >= kLanes;
       for (int r = 0; r < G; ++r) {
         ApplyRowScalesAt(tile_[r]->key_scales, p_.key_scale_strides.row, ws_.slots, group_key_end_,
-                         scores_[r]);
+                         kKvUnit<K>, slot_ends_decide_, scores_[r]);
       }
     }
   }
@@ -646,7 +706,7 @@ class RowGroupAttention {
     if constexpr (is_scaled_kv_format(K)) {
       for (int r = 0; r < G; ++r) {
         ApplyRowScalesAt(tile_[r]->value_scales, p_.value_scale_strides.row, ws_.slots,
-                         group_key_end_, scores_[r]);
+                         group_key_end_, kKvUnit<K>, slot_ends_decide_, scores_[r]);
       }
     }
     const int64_t vector_columns = p_.value_dim - p_.value_dim % kLanes;
@@ -732,6 +792,7 @@ class RowGroupAttention {
   float row_max_[G];
   float sink_[G];  // the head's sink, first chunk only (sinks_)
   bool sinks_ = false;
+  bool slot_ends_decide_ = false;  // ApplyRowScalesAt's ends_decide
   int64_t group_key_end_ = 0;  // the rows' last visible key + 1 (keys counted from the span)
   int64_t padded_end_ = 0;     // group_key_end_ rounded up to whole vectors
   float sum_[G];

@@ -49,19 +49,49 @@ int32_t table_entry(const TensorView& tables, int64_t s, int64_t n) {
   return tables.data_as<const int32_t>()[s * tables.strides[0] + n * tables.strides[1]];
 }
 
-// Blocks (num_blocks, block_size, Hkv, dim) in a K/V format (kv_format.hpp); the scaled
-// formats only with their scales (a PagedKvCache's own).
-void check_blocks(const char* name, const TensorView& blocks, bool scaled) {
+// Blocks (num_blocks, block_size, Hkv, dim) in a K/V format (kv_format.hpp), with scales
+// (num_blocks, block_size, Hkv) float32 exactly when the format is a scaled one.
+void check_blocks(const char* name, const TensorView& blocks, const char* scales_name,
+                  const TensorView* scales) {
   detail::check_view(name, blocks);
   if (blocks.rank() != 4) {
     throw Error(detail::describe(name, blocks) +
                 ": expected (num_blocks, block_size, kv_heads, dim)");
   }
-  if (!detail::is_kv_format(blocks.dtype) ||
-      (detail::is_scaled_kv_format(blocks.dtype) && !scaled)) {
+  if (!detail::is_kv_format(blocks.dtype)) {
     throw Error(std::string(name) + ": dtype " + dtype_name(blocks.dtype) +
-                " is not supported (float32, float16 or bfloat16; int8 and float8 caches "
-                "attend through PagedKvCache::attend, which knows their scales)");
+                " is not supported (float32, float16, bfloat16, int8, float8_e4m3 or "
+                "float8_e5m2)");
+  }
+  const bool scaled = detail::is_scaled_kv_format(blocks.dtype);
+  if (scaled != (scales != nullptr)) {
+    throw Error(std::string(name) + " of dtype " + dtype_name(blocks.dtype) +
+                (scaled ? " needs " : " takes no ") + scales_name +
+                " (int8 and float8 blocks have one float32 scale per token and head)");
+  }
+  if (!scales) return;
+  detail::check_view(scales_name, *scales);
+  const Shape expected({blocks.shape[0], blocks.shape[1], blocks.shape[2]});
+  if (scales->dtype != DType::kFloat32 || scales->shape != expected) {
+    throw Error(detail::describe(scales_name, *scales) + " " + dtype_name(scales->dtype) +
+                " should be float32 " + expected.str() + " (num_blocks, block_size, kv_heads)");
+  }
+}
+
+// Every scale of the tokens a sequence reads (kept blocks, Hkv heads) is finite.
+void check_scales_finite(const char* name, const TensorView& scales, const CachedKeys& keys,
+                         int64_t length, const std::string& which) {
+  const Shape& st = scales.strides;
+  const int64_t bs = scales.shape[1], heads = scales.shape[2];
+  for (int64_t t = keys.start; t < length; ++t) {
+    const int64_t block = keys.table[t / bs];
+    for (int64_t h = 0; h < heads; ++h) {
+      const float x = scales.data_as<const float>()[block * st[0] + (t % bs) * st[1] + h * st[2]];
+      if (!std::isfinite(x)) {
+        throw Error(which + ": " + name + " of token " + std::to_string(t) + ", head " +
+                    std::to_string(h) + " (block " + std::to_string(block) + ") is not finite");
+      }
+    }
   }
 }
 
@@ -145,8 +175,8 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
   if (query.rank() != 3) {
     throw Error(detail::describe("query", query) + ": expected (total tokens, heads, dim)");
   }
-  check_blocks("key_blocks", key_blocks, key_scales != nullptr);
-  check_blocks("value_blocks", value_blocks, value_scales != nullptr);
+  check_blocks("key_blocks", key_blocks, "key_scales", key_scales);
+  check_blocks("value_blocks", value_blocks, "value_scales", value_scales);
   for (int d = 0; d < 3; ++d) {
     if (key_blocks.shape[d] != value_blocks.shape[d]) {
       throw Error(detail::describe("key_blocks", key_blocks) + " and " +
@@ -214,6 +244,10 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
     }
     keys.start = std::min(len, keys.first_block * bs);
     const int64_t kept = len - keys.start;
+    if (!shared_blocks) {  // the caller's scales (a PagedKvCache's own are finite)
+      if (key_scales) check_scales_finite("key_scales", *key_scales, keys, len, which);
+      if (value_scales) check_scales_finite("value_scales", *value_scales, keys, len, which);
+    }
     if (lq > 0 && kept == 0) {
       throw Error(which + " has " + std::to_string(lq) +
                   " queries but no cached keys (softmax over no keys is undefined)");
@@ -241,8 +275,11 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
     sequences.push_back({q_offsets[static_cast<size_t>(s)], lq, 0, kept});
     cached.push_back(keys);
   }
-  const std::vector<const TensorView*> inputs = {&query,        &cu_seqlens_q, &key_blocks,
-                                                 &value_blocks, &block_tables, &seq_lens};
+  std::vector<const TensorView*> inputs = {&query,        &cu_seqlens_q, &key_blocks,
+                                           &value_blocks, &block_tables, &seq_lens};
+  for (const TensorView* scales : {key_scales, value_scales}) {
+    if (scales) inputs.push_back(scales);
+  }
   detail::check_packed_output("output", output,
                               Shape({query.shape[0], query.shape[1], value_blocks.shape[3]}),
                               query.dtype, inputs);
@@ -264,11 +301,13 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
         throw Error("key_mass: zero stride in dimension " + std::to_string(d));
       }
     }
-    for (const TensorView* t :
-         {&query, &cu_seqlens_q, &key_blocks, &value_blocks, &block_tables, &seq_lens, &output}) {
+    for (const TensorView* t : inputs) {
       if (detail::overlaps(*key_mass, *t)) {
         throw Error("key_mass overlaps the memory of another argument");
       }
+    }
+    if (detail::overlaps(*key_mass, output)) {
+      throw Error("key_mass overlaps the memory of another argument");
     }
     if (logsumexp && detail::overlaps(*key_mass, *logsumexp)) {
       throw Error("key_mass overlaps the memory of logsumexp");
@@ -346,9 +385,10 @@ void paged_attention_into(const TensorView& query, const TensorView& cu_seqlens_
                           const TensorView& key_blocks, const TensorView& value_blocks,
                           const TensorView& block_tables, const TensorView& seq_lens,
                           const TensorView& output, const AttentionOptions& options,
-                          const TensorView* logsumexp, const TensorView* key_mass) {
+                          const TensorView* logsumexp, const TensorView* key_mass,
+                          const TensorView* key_scales, const TensorView* value_scales) {
   detail::paged_attention(query, cu_seqlens_q, key_blocks, value_blocks, block_tables, seq_lens,
-                          output, options, logsumexp, key_mass, false);
+                          output, options, logsumexp, key_mass, false, key_scales, value_scales);
 }
 
 }  // namespace attend
