@@ -159,6 +159,15 @@ HWY_INLINE float KvAt(KvPtr<K> p, int64_t i) {
 // per stream. 16 keys: one block of 16 ahead, several hundred ns at a stream's pace.
 constexpr int64_t kPrefetchKeys = 16;
 
+// Whether a key of [j, j + 4) (before key_end) may start a new run of slots: the ends of the
+// four lie further apart than consecutive slots (a jump that a later one undid would be
+// missed: only a prefetch is lost).
+HWY_INLINE bool RunStartsIn4(const int64_t* slot, int64_t j, int64_t key_end) {
+  if (j >= key_end) return false;
+  const int64_t last = std::min(j + 4, key_end) - 1;
+  return slot[last] - slot[j - 1] != last - j + 1;
+}
+
 // Where key j (< key_end) starts a run of slots, prefetches the `elements` of its row and of
 // the next key's from `base` (row slot · stride).
 template <DType K>
@@ -276,11 +285,12 @@ HWY_INLINE void Dot4(const float* HWY_RESTRICT a, KvPtr<K> b0, KvPtr<K> b1, KvPt
 // lanes past key_end are left unset in the last vector (the caller pads them). kShared: the rows
 // share one K (key[0]), each of whose vectors is then loaded once for the G rows; else each row
 // reads its own K (rows of different heads: G streams from memory, where one would leave the core's
-// memory parallelism unused).
+// memory parallelism unused). `paged`: the slots jump between blocks (a block table), whose
+// starts are prefetched ahead.
 template <int G, bool kShared, DType K>
 HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const int64_t* slot,
-                           int64_t key_stride, int64_t head_dim, int64_t key_end, float* scores,
-                           int64_t score_stride) {
+                           int64_t key_stride, int64_t head_dim, int64_t key_end, bool paged,
+                           float* scores, int64_t score_stride) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const auto lanes = hn::Iota(di, 0);
@@ -294,9 +304,11 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
     }
     int64_t row[4];
     for (int c = 0; c < 4; ++c) row[c] = slot[j + c] * key_stride;
-    for (int c = 0; c < 4; ++c) {
-      for (int r = 0; r < (kShared ? 1 : G); ++r) {
-        PrefetchRunStart<K>(key[r], slot, j + kPrefetchKeys + c, key_end, key_stride, head_dim);
+    if (paged && RunStartsIn4(slot, j + kPrefetchKeys, key_end)) {
+      for (int c = 0; c < 4; ++c) {
+        for (int r = 0; r < (kShared ? 1 : G); ++r) {
+          PrefetchRunStart<K>(key[r], slot, j + kPrefetchKeys + c, key_end, key_stride, head_dim);
+        }
       }
     }
     for (int64_t e = 0; e < head_dim; e += kLanes) {
@@ -382,8 +394,9 @@ HWY_INLINE void RowScores(const float* query, KvPtr<K> key, const int64_t* slot,
 // out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows sharing one V (V[j] at value + slot[j]·
 // value_stride, each of its vectors loaded once for the G rows) and the vector columns c <
 // columns (a multiple of kLanes), starting from zero when `first`; when `last`, stores
-// out_r·factor_r into dest_r instead of out_r.
-template <int G, DType K>
+// out_r·factor_r into dest_r instead of out_r. kPaged: as QuadScores' `paged` (a template
+// argument here: the check would otherwise sit in the loop over keys).
+template <int G, DType K, bool kPaged>
 HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const int64_t* slot,
                                int64_t value_stride, int64_t keys, int64_t columns, bool first,
                                bool last, const float* factor, float* const* out,
@@ -397,7 +410,11 @@ HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const i
       acc1[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c + kLanes);
     }
     for (int64_t j = 0; j < keys; ++j) {
-      PrefetchRunStart<K>(value + c, slot, j + kPrefetchKeys, keys, value_stride, 2 * kLanes);
+      if (kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
+        for (int64_t k = j; k < j + 4; ++k) {
+          PrefetchRunStart<K>(value + c, slot, k + kPrefetchKeys, keys, value_stride, 2 * kLanes);
+        }
+      }
       const KvPtr<K> v = value + slot[j] * value_stride + c;
       const VF v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
       for (int r = 0; r < G; ++r) {
@@ -438,8 +455,8 @@ HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const i
 // + slot[j]·value_stride), starting from zero when `first`; when `last`, stores out·factor
 // into dest instead of out. Each key's N vectors are loaded together: V is read in key order,
 // one stream, each byte once per column block. Per column the sum runs in key order, as in
-// AccumulateRows (the same bits).
-template <int N, DType K>
+// AccumulateRows (the same bits). kPaged: as in AccumulateRows.
+template <int N, DType K, bool kPaged>
 HWY_INLINE void AccumulateRowBlock(const float* HWY_RESTRICT prob, KvPtr<K> value,
                                    const int64_t* slot, int64_t value_stride, int64_t keys,
                                    int64_t c0, bool first, bool last, float factor, float* out,
@@ -448,7 +465,11 @@ HWY_INLINE void AccumulateRowBlock(const float* HWY_RESTRICT prob, KvPtr<K> valu
   VF acc[N];
   for (int n = 0; n < N; ++n) acc[n] = first ? hn::Zero(d) : hn::Load(d, out + c0 + n * kLanes);
   for (int64_t j = 0; j < keys; ++j) {
-    PrefetchRunStart<K>(value + c0, slot, j + kPrefetchKeys, keys, value_stride, N * kLanes);
+    if (kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
+      for (int64_t k = j; k < j + 4; ++k) {
+        PrefetchRunStart<K>(value + c0, slot, k + kPrefetchKeys, keys, value_stride, N * kLanes);
+      }
+    }
     const KvPtr<K> v = value + slot[j] * value_stride + c0;
     const VF pj = hn::Set(d, prob[j]);
     for (int n = 0; n < N; ++n) acc[n] = hn::MulAdd(pj, LoadKV<K>(d, v + n * kLanes), acc[n]);
@@ -464,28 +485,28 @@ HWY_INLINE void AccumulateRowBlock(const float* HWY_RESTRICT prob, KvPtr<K> valu
 
 // AccumulateRowBlock over the vector columns c < columns (a multiple of kLanes) in blocks of
 // 8, 4, 2 and 1 vectors.
-template <DType K>
+template <DType K, bool kPaged>
 HWY_INLINE void AccumulateRow(const float* prob, KvPtr<K> value, const int64_t* slot,
                               int64_t value_stride, int64_t keys, int64_t columns, bool first,
                               bool last, float factor, float* out, float* dest) {
   int64_t c = 0;
   for (; c + 8 * kLanes <= columns; c += 8 * kLanes) {
-    AccumulateRowBlock<8, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
-                             dest);
+    AccumulateRowBlock<8, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
+                             last, factor, out, dest);
   }
   if (c + 4 * kLanes <= columns) {
-    AccumulateRowBlock<4, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
-                             dest);
+    AccumulateRowBlock<4, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
+                             last, factor, out, dest);
     c += 4 * kLanes;
   }
   if (c + 2 * kLanes <= columns) {
-    AccumulateRowBlock<2, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
-                             dest);
+    AccumulateRowBlock<2, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
+                             last, factor, out, dest);
     c += 2 * kLanes;
   }
   if (c < columns) {
-    AccumulateRowBlock<1, K>(prob, value, slot, value_stride, keys, c, first, last, factor, out,
-                             dest);
+    AccumulateRowBlock<1, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
+                             last, factor, out, dest);
   }
 }
 
@@ -725,20 +746,10 @@ class RowGroupAttention {
     const int64_t key_chunk = std::clamp<int64_t>(
         (int64_t{16} << 10) / std::max<int64_t>(vector_columns * kv_bytes<K>(), 1) / 16 * 16,
         16, 256);
-    for (int64_t k0 = 0; k0 < group_key_end_; k0 += key_chunk) {
-      const int64_t keys = std::min(key_chunk, group_key_end_ - k0);
-      const bool first = k0 == 0, last = k0 + key_chunk >= group_key_end_;
-      if (shared) {
-        const float* prob[G];
-        for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
-        AccumulateRows<G, K>(prob, value_[0], ws_.slots + k0, p_.value_strides.row, keys,
-                             vector_columns, first, last, out_factor_, out_, dest_);
-      } else {
-        for (int r = 0; r < G; ++r) {
-          AccumulateRow<K>(scores_[r] + k0, value_[r], ws_.slots + k0, p_.value_strides.row,
-                           keys, vector_columns, first, last, out_factor_[r], out_[r], dest_[r]);
-        }
-      }
+    if (paged_) {
+      AccumulateVectorColumns<true>(shared, vector_columns, key_chunk);
+    } else {
+      AccumulateVectorColumns<false>(shared, vector_columns, key_chunk);
     }
     for (int r = 0; r < G; ++r) {
       for (int64_t c = vector_columns; c < p_.value_dim; ++c) {
@@ -750,6 +761,26 @@ class RowGroupAttention {
       }
       // No key at all: AccumulateRows never ran; the exclusion fix below writes the row.
       if (group_key_end_ == 0) std::fill_n(dest_[r], p_.value_dim, 0.0f);
+    }
+  }
+
+  template <bool kPaged>
+  HWY_INLINE void AccumulateVectorColumns(bool shared, int64_t vector_columns, int64_t key_chunk) {
+    for (int64_t k0 = 0; k0 < group_key_end_; k0 += key_chunk) {
+      const int64_t keys = std::min(key_chunk, group_key_end_ - k0);
+      const bool first = k0 == 0, last = k0 + key_chunk >= group_key_end_;
+      if (shared) {
+        const float* prob[G];
+        for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
+        AccumulateRows<G, K, kPaged>(prob, value_[0], ws_.slots + k0, p_.value_strides.row,
+                                     keys, vector_columns, first, last, out_factor_, out_, dest_);
+      } else {
+        for (int r = 0; r < G; ++r) {
+          AccumulateRow<K, kPaged>(scores_[r] + k0, value_[r], ws_.slots + k0,
+                                   p_.value_strides.row, keys, vector_columns, first, last,
+                                   out_factor_[r], out_[r], dest_[r]);
+        }
+      }
     }
   }
 
@@ -779,10 +810,10 @@ class RowGroupAttention {
     if (p_.head_dim % kLanes == 0) {
       if (shared) {
         QuadScores<G, true, K>(query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end,
-                               ws_.scores, ws_.score_stride);
+                               paged_, ws_.scores, ws_.score_stride);
       } else {
         QuadScores<G, false, K>(query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end,
-                                ws_.scores, ws_.score_stride);
+                                paged_, ws_.scores, ws_.score_stride);
       }
       return;
     }
@@ -805,6 +836,7 @@ class RowGroupAttention {
   float sink_[G];  // the head's sink, first chunk only (sinks_)
   bool sinks_ = false;
   bool slot_ends_decide_ = false;  // ApplyRowScalesAt's ends_decide
+  const bool paged_ = p_.block_table != nullptr;  // QuadScores' and Accumulate's `paged`
   int64_t group_key_end_ = 0;  // the rows' last visible key + 1 (keys counted from the span)
   int64_t padded_end_ = 0;     // group_key_end_ rounded up to whole vectors
   float sum_[G];
