@@ -285,12 +285,12 @@ HWY_INLINE void Dot4(const float* HWY_RESTRICT a, KvPtr<K> b0, KvPtr<K> b1, KvPt
 // lanes past key_end are left unset in the last vector (the caller pads them). kShared: the rows
 // share one K (key[0]), each of whose vectors is then loaded once for the G rows; else each row
 // reads its own K (rows of different heads: G streams from memory, where one would leave the core's
-// memory parallelism unused). `paged`: the slots jump between blocks (a block table), whose
-// starts are prefetched ahead.
-template <int G, bool kShared, DType K>
+// memory parallelism unused). kPaged: the slots jump between blocks (a block table), whose
+// starts are prefetched ahead (a template argument, so that contiguous K pays nothing).
+template <int G, bool kShared, bool kPaged, DType K>
 HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const int64_t* slot,
-                           int64_t key_stride, int64_t head_dim, int64_t key_end, bool paged,
-                           float* scores, int64_t score_stride) {
+                           int64_t key_stride, int64_t head_dim, int64_t key_end, float* scores,
+                           int64_t score_stride) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const auto lanes = hn::Iota(di, 0);
@@ -304,7 +304,7 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
     }
     int64_t row[4];
     for (int c = 0; c < 4; ++c) row[c] = slot[j + c] * key_stride;
-    if (paged && RunStartsIn4(slot, j + kPrefetchKeys, key_end)) {
+    if (kPaged && RunStartsIn4(slot, j + kPrefetchKeys, key_end)) {
       for (int c = 0; c < 4; ++c) {
         for (int r = 0; r < (kShared ? 1 : G); ++r) {
           PrefetchRunStart<K>(key[r], slot, j + kPrefetchKeys + c, key_end, key_stride, head_dim);
@@ -394,8 +394,7 @@ HWY_INLINE void RowScores(const float* query, KvPtr<K> key, const int64_t* slot,
 // out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows sharing one V (V[j] at value + slot[j]·
 // value_stride, each of its vectors loaded once for the G rows) and the vector columns c <
 // columns (a multiple of kLanes), starting from zero when `first`; when `last`, stores
-// out_r·factor_r into dest_r instead of out_r. kPaged: as QuadScores' `paged` (a template
-// argument here: the check would otherwise sit in the loop over keys).
+// out_r·factor_r into dest_r instead of out_r. kPaged: as in QuadScores.
 template <int G, DType K, bool kPaged>
 HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const int64_t* slot,
                                int64_t value_stride, int64_t keys, int64_t columns, bool first,
@@ -808,12 +807,17 @@ class RowGroupAttention {
   void ComputeDots(int64_t key_end, bool shared) {
 #if ATTEND_QUAD_SUMS
     if (p_.head_dim % kLanes == 0) {
+      const auto quads = [&](auto shared_keys, auto paged) {
+        QuadScores<G, decltype(shared_keys)::value, decltype(paged)::value, K>(
+            query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
+            ws_.score_stride);
+      };
       if (shared) {
-        QuadScores<G, true, K>(query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end,
-                               paged_, ws_.scores, ws_.score_stride);
+        paged_ ? quads(std::true_type{}, std::true_type{})
+               : quads(std::true_type{}, std::false_type{});
       } else {
-        QuadScores<G, false, K>(query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end,
-                                paged_, ws_.scores, ws_.score_stride);
+        paged_ ? quads(std::false_type{}, std::true_type{})
+               : quads(std::false_type{}, std::false_type{});
       }
       return;
     }
