@@ -491,21 +491,21 @@ HWY_INLINE void AccumulateRow(const float* prob, KvPtr<K> value, const int64_t* 
   int64_t c = 0;
   for (; c + 8 * kLanes <= columns; c += 8 * kLanes) {
     AccumulateRowBlock<8, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                             last, factor, out, dest);
+                                     last, factor, out, dest);
   }
   if (c + 4 * kLanes <= columns) {
     AccumulateRowBlock<4, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                             last, factor, out, dest);
+                                     last, factor, out, dest);
     c += 4 * kLanes;
   }
   if (c + 2 * kLanes <= columns) {
     AccumulateRowBlock<2, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                             last, factor, out, dest);
+                                     last, factor, out, dest);
     c += 2 * kLanes;
   }
   if (c < columns) {
     AccumulateRowBlock<1, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                             last, factor, out, dest);
+                                     last, factor, out, dest);
   }
 }
 
