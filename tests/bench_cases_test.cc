@@ -342,10 +342,14 @@ TEST(BenchCommand, DecodeJsonLineHasTheReadBandwidthKeys) {
   ASSERT_NO_FATAL_FAILURE(parse_only_line(out, &record, &line));
   EXPECT_EQ(record["case"], "decode");
   EXPECT_EQ(record["threads"], 2);
-  for (const char* key : {"gbps", "read_gbps", "pct_read"}) {
+  for (const char* key : {"gbps", "read_gbps", "read_gbps_before", "read_gbps_after", "pct_read"}) {
     ASSERT_TRUE(record.contains(key)) << "missing " << key << " in " << line;
     EXPECT_GT(record[key].get<double>(), 0.0) << key;
   }
+  // The denominator is the mean of the probes taken just before and just after the timing.
+  EXPECT_NEAR(record["read_gbps"].get<double>(),
+              (record["read_gbps_before"].get<double>() + record["read_gbps_after"].get<double>()) / 2,
+              1e-9);
   EXPECT_NEAR(record["pct_read"].get<double>(),
               100.0 * record["gbps"].get<double>() / record["read_gbps"].get<double>(), 1e-9);
   // The target is judged on the share of the read bandwidth measured in this run.

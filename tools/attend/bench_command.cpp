@@ -5,7 +5,7 @@
 // (src/bench/cases.hpp): one warm-up call, R repetitions each repeating the call for at least
 // S seconds, the median time per call. FLOPs come from attend::attention_flops only. The
 // memory-bound cases (decoding, Lq = 1) are also compared with the read bandwidth probe
-// (src/bench/read_bandwidth.hpp), measured just before it. Throughput targets are shares of
+// (src/bench/read_bandwidth.hpp), measured just before and just after each of them. Throughput targets are shares of
 // the peak or the bandwidth measured in the same run, so a case is judged against this
 // machine, not the one the targets were first set on. Progress goes to stderr; the table
 // (or one JSON object per case and line, with --json) to stdout.
@@ -71,8 +71,11 @@ struct CaseResult {
   double peak_gflops = 0;
   double pct_peak = 0;
   double gbps = 0;           // decode: K/V bytes read per second
-  double read_gbps = 0;      // decode: the read bandwidth probe at the case's thread count
-  double pct_read = 0;       // decode: 100 · gbps / read_gbps
+  double read_gbps = 0;      // decode: the read bandwidth probe at the case's thread count,
+                             // the mean of read_gbps_before and read_gbps_after
+  double read_gbps_before = 0;  // decode: the probe just before the case's timing
+  double read_gbps_after = 0;   // decode: the probe just after it
+  double pct_read = 0;          // decode: 100 · gbps / read_gbps
   double weights_ratio = 0;  // unet-weights: time / (time without weights + write time)
   double baseline_us = 0;    // unet-weights: the same problem without weights
   double write_us = 0;       // unet-weights: memset of the weights' bytes
@@ -129,9 +132,13 @@ class ProbeTable {
   const Result& at(int threads) {
     auto found = results_.find(threads);
     if (found != results_.end()) return found->second;
+    return measure(threads);
+  }
+  // Measures again (the footer then shows the latest figure).
+  const Result& measure(int threads) {
     const Result result = measure_(threads);
     std::fprintf(stderr, "%s\n", describe_(result, threads).c_str());
-    return results_.emplace(threads, result).first->second;
+    return results_.insert_or_assign(threads, result).first->second;
   }
   // "FMA peak: ..." lines for the table's footer, in thread-count order.
   std::vector<std::string> lines() const {
@@ -242,8 +249,17 @@ CaseResult run_case(const BenchCase& c, const BenchSettings& settings, Probes& p
   result.target = c.target;
   result.threads = c.single_thread ? 1 : settings.threads;
   const bool memory_bound = c.memory_bound();
-  if (memory_bound) result.read_gbps = probes.read_bandwidths.at(result.threads).gbps;
+  // The probe on both sides of the timing: the bandwidth a VM gets from its host drifts
+  // (on a quiet Zen 5 VM, 30 to 70 GB/s from one minute to the next), so a probe taken once
+  // per run can be far from what the case met.
+  if (memory_bound) {
+    result.read_gbps_before = probes.read_bandwidths.measure(result.threads).gbps;
+  }
   result.timing = time_case(c, result.threads, settings, &result.kernel);
+  if (memory_bound) {
+    result.read_gbps_after = probes.read_bandwidths.measure(result.threads).gbps;
+    result.read_gbps = (result.read_gbps_before + result.read_gbps_after) / 2;
+  }
   // bfloat16 products ran: the attention's kernel says so; the backward and the modules
   // take them as the precision policy says (module_bf16_peaks).
   const bench::Bf16Peaks module = bench::module_bf16_peaks(c);
@@ -357,6 +373,8 @@ nlohmann::json to_json(const CaseResult& r, const std::string& simd_target,
   if (c.memory_bound()) {
     line["gbps"] = r.gbps;
     line["read_gbps"] = r.read_gbps;
+    line["read_gbps_before"] = r.read_gbps_before;
+    line["read_gbps_after"] = r.read_gbps_after;
     line["pct_read"] = r.pct_read;
   }
   if (c.need_weights) {
