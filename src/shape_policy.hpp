@@ -117,12 +117,17 @@ inline bool FitsAmxTiles(int64_t key_len, int64_t head_dim, int64_t value_dim) {
 // G·Lq = 32 (decode-verify4: 8 heads × 4 queries; BENCHMARKS.md).
 //
 // Threshold: the same rule as 1. on the packed rows, a query tile more than half full
-// (2·G·Lq > lanes: G·Lq >= 9 on AVX-512, >= 5 on AVX2; decode-gqa's G·Lq = 4 stays in the
-// row groups). Float32 K and V read in place only (no block table, no stored or
-// half-precision format, no bfloat16 products), and only the rules that depend on the
-// query position and the head alone (causal, window, prefix, ALiBi, softcap, sinks): not a
-// mask, bias, documents, user rules, dropout or weights, which index per (batch, query) pair
-// the tiles' rule layer reads a tile at a time.
+// (2·G·Lq > lanes), and at least kMinGroupedRows rows (a tile of fewer gives fewer than 8
+// FMAs per K or V broadcast, and the row groups already share each K/V load among up to 4
+// rows): G·Lq >= 9 on AVX-512, >= 8 below; decode-gqa's G·Lq = 4 and decode-verify1's 8 stay
+// in the row groups. Float32 K and V read in place, or half-precision K and V computed in
+// float32 (SdpaParams::half_kv) widened once per thread and K/V head as the query tiles widen
+// them (FitsPackedFloats), so that half-precision inputs keep giving the bits of the widened
+// ones; not through a block table, not int8 or fp8, not bfloat16 products. Only the rules that
+// depend on the query position and the head alone (causal, window, prefix, ALiBi, softcap,
+// sinks): not a mask, bias, documents, user rules, dropout or weights, which index per
+// (batch, query) pair the tiles' rule layer reads a tile at a time.
+constexpr int64_t kMinGroupedRows = 8;
 //
 // The group: the last batch dimension's size when K and V are broadcast over it, else 1.
 inline int64_t SharedKeyValueGroup(const SdpaParams& p) {
@@ -133,15 +138,18 @@ inline int64_t SharedKeyValueGroup(const SdpaParams& p) {
 inline bool PacksGroupedQueries(const SdpaParams& p, int64_t lanes) {
   const int64_t group = SharedKeyValueGroup(p);
   if (group < 2 || !RunsInRowGroups(p.query_len, lanes) ||
-      RunsInRowGroups(group * p.query_len, lanes)) {
+      RunsInRowGroups(group * p.query_len, lanes) || group * p.query_len < kMinGroupedRows) {
     return false;
   }
-  const bool float32_in_place = p.key != nullptr && p.value != nullptr && !p.half_products() &&
-                                !p.half_kv() && !p.stored_kv() && p.block_table == nullptr;
+  const bool float32_in_place = p.key != nullptr && p.value != nullptr && !p.stored_kv();
+  const bool half_widened = p.half_kv() && p.value_half != nullptr &&
+                            FitsPackedFloats(p.key_len, p.head_dim, p.value_dim);
+  const bool operands = (float32_in_place || half_widened) && p.query != nullptr &&
+                        !p.half_products() && p.block_table == nullptr;
   const bool row_rules_only = p.mask == nullptr && p.bias == nullptr &&
                               p.segment_query == nullptr && p.user_rules == nullptr &&
                               p.dropout == 0.0f && p.weights == nullptr;
-  return float32_in_place && row_rules_only;
+  return operands && row_rules_only;
 }
 
 // Packed row R of a K/V head's G·Lq rows, query-major (R = i·G + g: the query position never

@@ -120,7 +120,8 @@ void RunAllTiles(const SdpaParams& p) {
 
 // Grouped-query tiles (shape_policy.hpp: PacksGroupedQueries): the G·Lq rows of each K/V
 // head's group of G batch indices as packed rows (UnpackRow), in query tiles of QV vectors;
-// K and V read once per tile, which the whole group shares. Every row goes through the merge
+// K and V read once per tile, which the whole group shares (half-precision K and V: from the
+// thread's widened copy of the K/V head, PackKeysAndValues). Every row goes through the merge
 // (RunItems' `merged`), which writes it to its own head's output and log-sum-exp.
 //   item = group index · tiles_per_group + tile; tile t holds packed rows [t·Tq, t·Tq + Tq).
 template <int QV>
@@ -134,6 +135,7 @@ void RunGroupedTiles(const SdpaParams& p, int64_t group) {
         const int64_t r0 = (item % tiles_per_group) * tq;
         Tile tile = MakeTile(p, item / tiles_per_group * group, r0, std::min(tq, packed_rows - r0));
         tile.group = group;
+        if (p.half_kv()) PackKeysAndValues(p, ws.packed, tile);  // widened once per thread
         TileAttention<QV>(p, ws).Run(tile, span);
       },
       [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
