@@ -11,6 +11,8 @@
 //      FitsPackedFloats (also half-precision K/V widened by the tiles), FitsPackedBf16
 //      (bfloat16 pairs for the products); beyond them the operands are read in place or
 //      converted to float32 before the call.
+//   5. Grouped-query tiles (PackGQA): PacksGroupedQueries, and the one map of a packed row
+//      to its query head and query position, UnpackRow.
 #pragma once
 
 #include <algorithm>
@@ -105,5 +107,60 @@ inline bool FitsAmxTiles(int64_t key_len, int64_t head_dim, int64_t value_dim) {
                         up(value_dim, 16) * (up(key_len, 32) + 32);
   return 2.0 * halves <= kMaxPackedBf16Bytes;
 }
+
+// 5. Grouped-query tiles (PackGQA, after FlashAttention's pack_gqa). Where G query heads
+// share one K/V head (the kernels' batch (..., Hkv, G) with K and V broadcast, stride 0, over
+// G: grouped_query.hpp, or a caller's stride-0 K/V as in decode-mqa) and the row groups would
+// run (few queries per head), the G·Lq rows of one K/V head form the rows of query tiles, so
+// that K and V are read once per group and Q·Kᵀ and P·V run as register-blocked tiles (no
+// horizontal sums): 2·G·Lq FLOPs per K/V element, compute-bound for a per-row loop at
+// G·Lq = 32 (decode-verify4: 8 heads × 4 queries; BENCHMARKS.md).
+//
+// Threshold: the same rule as 1. on the packed rows, a query tile more than half full
+// (2·G·Lq > lanes), and at least kMinGroupedRows rows (a tile of fewer gives fewer than 8
+// FMAs per K or V broadcast, and the row groups already share each K/V load among up to 4
+// rows): G·Lq >= 9 on AVX-512, >= 8 below; decode-gqa's G·Lq = 4 and decode-verify1's 8 stay
+// in the row groups. Float32 K and V read in place, or half-precision K and V computed in
+// float32 (SdpaParams::half_kv) widened once per thread and K/V head as the query tiles widen
+// them (FitsPackedFloats), so that half-precision inputs keep giving the bits of the widened
+// ones; not through a block table, not int8 or fp8, not bfloat16 products. Only the rules that
+// depend on the query position and the head alone (causal, window, prefix, ALiBi, softcap,
+// sinks): not a mask, bias, documents, user rules, dropout or weights, which index per
+// (batch, query) pair the tiles' rule layer reads a tile at a time.
+constexpr int64_t kMinGroupedRows = 8;
+//
+// The group: the last batch dimension's size when K and V are broadcast over it, else 1.
+inline int64_t SharedKeyValueGroup(const SdpaParams& p) {
+  constexpr int last = kMaxBatchRank - 1;
+  const bool shared = p.key_strides.batch[last] == 0 && p.value_strides.batch[last] == 0;
+  return shared ? p.batch_shape[last] : 1;
+}
+inline bool PacksGroupedQueries(const SdpaParams& p, int64_t lanes) {
+  const int64_t group = SharedKeyValueGroup(p);
+  if (group < 2 || !RunsInRowGroups(p.query_len, lanes) ||
+      RunsInRowGroups(group * p.query_len, lanes) || group * p.query_len < kMinGroupedRows) {
+    return false;
+  }
+  const bool float32_in_place = p.key != nullptr && p.value != nullptr && !p.stored_kv();
+  const bool half_widened = p.half_kv() && p.value_half != nullptr &&
+                            FitsPackedFloats(p.key_len, p.head_dim, p.value_dim);
+  const bool operands = (float32_in_place || half_widened) && p.query != nullptr &&
+                        !p.half_products() && p.block_table == nullptr;
+  const bool row_rules_only = p.mask == nullptr && p.bias == nullptr &&
+                              p.segment_query == nullptr && p.user_rules == nullptr &&
+                              p.dropout == 0.0f && p.weights == nullptr;
+  return operands && row_rules_only;
+}
+
+// Packed row R of a K/V head's G·Lq rows, query-major (R = i·G + g: the query position never
+// decreases with R, as the tiles' rule layer assumes of its rows) is query position i of
+// member g of the group, batch index first + g for the group's first batch index `first`
+// (head_of gives the true query head: ALiBi slopes, sinks). Every reader and writer of a
+// packed row (Q rows, the rule layer, the merge's O rows) goes through this map.
+struct PackedRow {
+  int64_t member;  // g in [0, G)
+  int64_t query;   // i in [0, Lq)
+};
+inline PackedRow UnpackRow(int64_t row, int64_t group) { return {row % group, row / group}; }
 
 }  // namespace attend::detail

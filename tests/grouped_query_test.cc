@@ -9,6 +9,7 @@
 #include <string>
 
 #include "attend/error.hpp"
+#include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
 #include "serving_support.hpp"
@@ -35,7 +36,10 @@ Tensor repeat_heads(const Tensor& t, int64_t group) {
 TEST(GroupedQuery, EqualsTheDenseProblemBitwise) {
   // The kernels see the same float32 operands in the same order whether K/V are shared by
   // a group or repeated: the results agree bit for bit (decode rows, phrase rows, tiles).
-  for (int64_t lq : {1, 3, 40}) {
+  // Not where the group's G·Lq rows run as one grouped-query tile (shape_policy.hpp:
+  // PacksGroupedQueries; Lq 3 × G 4 on AVX2 and AVX-512), which the case grid checks against
+  // the reference instead: the lengths here stay in the row groups and the plain tiles.
+  for (int64_t lq : {1, 40}) {
     const Tensor q = random_tensor(Shape({2, 8, lq, 32}), 1);
     const Tensor k = random_tensor(Shape({2, 2, 77, 32}), 2);
     const Tensor v = random_tensor(Shape({2, 2, 77, 24}), 3);
@@ -112,6 +116,39 @@ TEST(GroupedQuery, RefusesHeadsThatDoNotDivide) {
   const Tensor q41 = random_tensor(Shape({1, 2, 1, 4, 3, 8}), 1);
   const Tensor k41 = random_tensor(Shape({1, 2, 1, 2, 3, 8}), 2);
   EXPECT_NO_THROW(scaled_dot_product_attention(q41.view(), k41.view(), k41.view()));
+}
+
+// The grouped-query tiles (G·Lq rows of a K/V head as one query tile): chosen where the
+// shape policy says, bitwise the same at any thread count, with and without the key split,
+// with the rules that read the query position and the head.
+TEST(GroupedQuery, GroupedTilesBitwiseIdenticalAtAnyThreadCount) {
+  for (const int64_t lk : {300, 5000}) {
+    const Tensor q = random_tensor(Shape({2, 16, 4, 64}), 1);
+    const Tensor k = random_tensor(Shape({2, 2, lk, 64}), 2);
+    const Tensor v = random_tensor(Shape({2, 2, lk, 64}), 3);
+    const Tensor slopes = random_tensor(Shape({16}), 4);
+    const Tensor sinks = random_tensor(Shape({16}), 5);
+    AttentionOptions options;
+    options.causal = true;
+    options.need_logsumexp = true;
+    options.alibi_slopes = slopes.view();
+    options.sinks = sinks.view();
+    options.num_threads = 1;
+    const std::string kernel = attention_kernel(q.view(), k.view(), v.view(), options);
+    // 32 packed rows: a grouped-query tile wherever the row groups run (AVX2 and up).
+    if (active_simd_target().rfind("AVX", 0) == 0) {
+      EXPECT_EQ(kernel.rfind("fused grouped-query tiles", 0), 0u) << kernel;
+      EXPECT_EQ(kernel.find("key split") != std::string::npos, lk == 5000) << kernel;
+    }
+    const AttentionResult one = scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
+    for (int threads : {2, 3}) {
+      options.num_threads = threads;
+      const AttentionResult many =
+          scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
+      EXPECT_TRUE(same_bits(one.output, many.output)) << threads << " threads, Lk " << lk;
+      EXPECT_TRUE(same_bits(one.logsumexp, many.logsumexp)) << threads << " threads, Lk " << lk;
+    }
+  }
 }
 
 TEST(GroupedQuery, BitwiseIdenticalAtAnyThreadCount) {

@@ -62,6 +62,13 @@ const std::vector<PreparedCase>& prepared_cases() {
   return cases;
 }
 
+// Float32 lanes of a SIMD target by its name (Highway's): 16 for AVX-512, 8 for AVX2, else
+// fewer.
+int64_t fused_lanes_of(const std::string& target) {
+  if (target.rfind("AVX3", 0) == 0 || target.rfind("AVX10", 0) == 0) return 16;
+  return target == "AVX2" ? 8 : 4;
+}
+
 std::string where(const PreparedCase& c, const std::string& target) {
   return "case " + c.spec.name + " (sdpa_cases.txt:" + std::to_string(c.spec.line) + "), target " +
          target;
@@ -254,9 +261,13 @@ TEST(CaseGrid, RunsEveryFusedPathOnEveryTarget) {
       paths.insert(kernel.substr(0, kernel.find(" (")));
     }
     for (const char* path :
-         {"fused rows", "fused tiles", "fused rows + key split", "fused tiles + key split"}) {
-      // One lane: a query tile is never half empty, so row groups never run.
-      if (target == "SCALAR" && std::string(path).rfind("fused rows", 0) == 0) continue;
+         {"fused rows", "fused tiles", "fused rows + key split", "fused tiles + key split",
+          "fused grouped-query tiles", "fused grouped-query tiles + key split"}) {
+      // Under 8 lanes a query tile is never half empty at the grid's Lq, so row groups (and
+      // their grouped-query tiles) never run.
+      const bool from_rows = std::string(path).rfind("fused rows", 0) == 0 ||
+                             std::string(path).rfind("fused grouped", 0) == 0;
+      if (from_rows && fused_lanes_of(target) < 8) continue;
       EXPECT_TRUE(paths.count(path)) << "no case runs " << path << " on " << target;
     }
   }
@@ -338,6 +349,52 @@ TEST(Harness, ReportsPerturbedResults) {
   problems = property_violations(*zero_rows, perturbed);
   ASSERT_FALSE(problems.empty());
   EXPECT_NE(problems[0].find("kZero"), std::string::npos) << problems[0];
+}
+
+// The grouped-query tiles' one map of packed rows to (head, query position) is what the grid
+// checks: on every grid case that runs them, the fused result passes, and swapping the output
+// rows of any two packed rows of a group (heads g and g + 1 at one query, or queries i and
+// i + 1 of one head: what a perturbed map would write) is reported.
+TEST(GroupedQueryTiles, GridCatchesAPerturbedRowMap) {
+  int cases = 0;
+  for (const PreparedCase& c : prepared_cases()) {
+    const std::string kernel = attention_kernel(c.in.query, c.in.key, c.in.value, c.in.options);
+    if (kernel.rfind("fused grouped-query tiles", 0) != 0) continue;
+    ++cases;
+    const Outcome fused = run_backend(c.in, Backend::kFused);
+    EXPECT_TRUE(differences(c, fused, c.reference, c.tolerances).empty()) << where(c, "best");
+    const ReferenceProblem& p = c.in.problem;
+    const int64_t heads = p.batch_shape.back(), group = heads / c.spec.kv_heads;
+    const int64_t lq = p.query_len, ev = p.value_dim;
+    // Row (batch index b, query i) of the output, b = outer·H + g.
+    const auto swap_reported = [&](const Outcome& outcome, int64_t b0, int64_t i0, int64_t b1,
+                                   int64_t i1) {
+      Outcome perturbed = outcome;
+      for (int64_t e = 0; e < ev; ++e) {
+        std::swap(perturbed.output[static_cast<size_t>((b0 * lq + i0) * ev + e)],
+                  perturbed.output[static_cast<size_t>((b1 * lq + i1) * ev + e)]);
+      }
+      return !differences(c, perturbed, c.reference, c.tolerances).empty();
+    };
+    // Whether swapping the two rows of `outcome` is reported; rows the reference itself cannot
+    // tell apart (fully excluded rows, rows that see one key, of heads sharing V) are not
+    // asked about (true).
+    const auto swapped = [&](int64_t b0, int64_t i0, int64_t b1, int64_t i1) {
+      return !swap_reported(c.reference, b0, i0, b1, i1) || swap_reported(fused, b0, i0, b1, i1);
+    };
+    for (int64_t g = 0; g + 1 < group; ++g) {
+      for (int64_t i = 0; i < lq; ++i) {
+        EXPECT_TRUE(swapped(g, i, g + 1, i)) << where(c, "best") << ": heads " << g << ", " << g + 1
+                                             << " at query " << i;
+      }
+    }
+    for (int64_t i = 0; i + 1 < lq; ++i) {
+      EXPECT_TRUE(swapped(0, i, 0, i + 1)) << where(c, "best") << ": queries " << i << ", " << i + 1;
+    }
+  }
+  if (fused_lanes_of(active_simd_target()) >= 8) {
+    EXPECT_GE(cases, 10);
+  }
 }
 
 class FusedAgainstReference : public ::testing::TestWithParam<std::string> {};

@@ -60,7 +60,9 @@ void scaled_dot_product_attention_into(const TensorView& query, const TensorView
 
 // The implementation a call with these arguments runs on this CPU (and SIMD cap): "fused
 // rows" (few queries per head: lanes along E), "fused tiles" (queries along the lanes),
-// either with " + key split (N chunks)" (few work items over many keys), or "reference".
+// "fused grouped-query tiles" (few queries per head, but the G query heads sharing a K/V head
+// give G·Lq rows: one query tile over them), each with " + key split (N chunks)" (few work
+// items over many keys), or "reference".
 // Validates the arguments as the call does.
 std::string attention_kernel(const TensorView& query, const TensorView& key,
                              const TensorView& value, const AttentionOptions& options = {});

@@ -21,6 +21,7 @@
 #include "kv_format.hpp"
 #include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
+#include "shape_policy.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -46,10 +47,15 @@ inline float HalfToFloat(DType dtype, uint16_t bits) {
 }
 
 // One (batch, query tile) work item: the operands' base pointers and the tile's extent.
+// A grouped-query tile (group > 1; shape_policy.hpp: PacksGroupedQueries) holds packed rows
+// [first_query, first_query + rows) of the G·Lq rows of the batch indices [batch, batch + G)
+// (one K/V head): row r is UnpackRow(first_query + r, group) (TileRowOf), and the pointers
+// below are batch index `batch`'s (K and V: the group's).
 struct Tile {
   int64_t batch;
-  int64_t first_query;  // q0
+  int64_t first_query;  // q0 (a packed row with group > 1)
   int64_t rows;         // queries in this tile, <= Tq
+  int64_t group = 1;    // G of a grouped-query tile, else 1
   const float* query;   // batch base pointers (null with bfloat16 products)
   const float* key;
   const float* value;
@@ -190,6 +196,26 @@ Tile MakeTile(const SdpaParams& p, int64_t b, int64_t q0, int64_t rows) {
   tile.first_query = q0;
   tile.rows = rows;
   return tile;
+}
+
+// Row r of a tile as the rules see it: its batch index (head_of: the true query head) and
+// its query position, through the one map of packed rows (UnpackRow).
+struct TileRow {
+  int64_t batch;
+  int64_t query;
+};
+inline TileRow TileRowOf(const Tile& tile, int64_t r) {
+  if (tile.group == 1) return {tile.batch, tile.first_query + r};
+  const PackedRow packed = UnpackRow(tile.first_query + r, tile.group);
+  return {tile.batch + packed.member, packed.query};
+}
+
+// Query row r of a tile (float32 queries): its batch index's row, the group's members being
+// consecutive batch indices of the last batch dimension.
+inline const float* QueryRowOf(const SdpaParams& p, const Tile& tile, int64_t r) {
+  const TileRow row = TileRowOf(tile, r);
+  return tile.query + (row.batch - tile.batch) * p.query_strides.batch[kMaxBatchRank - 1] +
+         row.query * p.query_strides.row;
 }
 
 // Multiply-adds of one forward call: B·Lq·Lk·(E + Ev).

@@ -118,7 +118,48 @@ void RunAllTiles(const SdpaParams& p) {
       });
 }
 
-void FusedSdpaRows(const SdpaParams& p) { RunAllRows(p); }
+// Grouped-query tiles (shape_policy.hpp: PacksGroupedQueries): the G·Lq rows of each K/V
+// head's group of G batch indices as packed rows (UnpackRow), in query tiles of QV vectors;
+// K and V read once per tile, which the whole group shares (half-precision K and V: from the
+// thread's widened copy of the K/V head, PackKeysAndValues). Every row goes through the merge
+// (RunItems' `merged`), which writes it to its own head's output and log-sum-exp.
+//   item = group index · tiles_per_group + tile; tile t holds packed rows [t·Tq, t·Tq + Tq).
+template <int QV>
+void RunGroupedTiles(const SdpaParams& p, int64_t group) {
+  constexpr int64_t tq = QV * kLanes;
+  const int64_t packed_rows = group * p.query_len;
+  const int64_t tiles_per_group = (packed_rows + tq - 1) / tq;
+  RunItems<Workspace>(
+      p, p.batch / group * tiles_per_group, tq,
+      [&](Workspace& ws, int64_t item, KeySpan span) {
+        const int64_t r0 = (item % tiles_per_group) * tq;
+        Tile tile = MakeTile(p, item / tiles_per_group * group, r0, std::min(tq, packed_rows - r0));
+        tile.group = group;
+        if (p.half_kv()) PackKeysAndValues(p, ws.packed, tile);  // widened once per thread
+        TileAttention<QV>(p, ws).Run(tile, span);
+      },
+      [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
+        const int64_t row = (item % tiles_per_group) * tq + r;
+        if (row >= packed_rows) return false;
+        const PackedRow packed = UnpackRow(row, group);
+        batch = item / tiles_per_group * group + packed.member;
+        query = packed.query;
+        return true;
+      },
+      1, true);
+}
+
+void FusedSdpaRows(const SdpaParams& p) {
+  if (PacksGroupedQueries(p, kLanes)) {
+    const int64_t group = SharedKeyValueGroup(p);
+    const int64_t vectors = TileVectors(group * p.query_len, kLanes);
+    if (vectors == 4) return RunGroupedTiles<4>(p, group);
+    if (vectors == 3) return RunGroupedTiles<3>(p, group);
+    if (vectors == 2) return RunGroupedTiles<2>(p, group);
+    return RunGroupedTiles<1>(p, group);
+  }
+  RunAllRows(p);
+}
 
 // Query tiles of TileVectors(Lq) vectors (shape_policy.hpp).
 template <class Products>
@@ -156,6 +197,12 @@ int64_t FusedLanes() { return kLanes; }
 // What FusedSdpaRows or FusedSdpaTiles will do with `p`: the work items and key chunks.
 FusedPlan PlanFused(const SdpaParams& p, bool rows) {
   int64_t items, share = 1;
+  if (rows && PacksGroupedQueries(p, kLanes)) {
+    const int64_t packed_rows = SharedKeyValueGroup(p) * p.query_len;
+    const int64_t tq = TileVectors(packed_rows, kLanes) * kLanes;
+    items = p.batch / SharedKeyValueGroup(p) * ((packed_rows + tq - 1) / tq);
+    return {rows, items, PlanKeySplit(p, items).chunks, true};
+  }
   if (rows) {
     const RowGroups groups(p);
     items = groups.count;
@@ -164,7 +211,7 @@ FusedPlan PlanFused(const SdpaParams& p, bool rows) {
     const int64_t tq = TileVectors(p.query_len, kLanes) * kLanes;
     items = p.batch * ((p.query_len + tq - 1) / tq);
   }
-  return {rows, items, PlanKeySplit(p, items, share).chunks};
+  return {rows, items, PlanKeySplit(p, items, share).chunks, false};
 }
 
 }  // namespace HWY_NAMESPACE

@@ -10,7 +10,9 @@
 namespace attend::detail {
 
 // Row groups (lanes along E): null when a query tile would be at most half full on the
-// dispatched SIMD target (2·Lq <= lanes), else the reason.
+// dispatched SIMD target (2·Lq <= lanes), else the reason. Where G query heads share a K/V
+// head and G·Lq rows fill more than half a tile, the entry runs them as grouped-query tiles
+// (shape_policy.hpp: PacksGroupedQueries), decided per call.
 const char* fused_sdpa_rows_rejects(const SdpaParams& params);
 void fused_sdpa_rows(const SdpaParams& params);
 
@@ -27,6 +29,7 @@ struct FusedPlan {
   bool rows;       // row groups, else query tiles
   int64_t items;   // work items (row groups or query tiles)
   int64_t chunks;  // key chunks per item: 1, or the key split's count
+  bool grouped;    // rows: grouped-query tiles (shape_policy.hpp: PacksGroupedQueries)
 };
 FusedPlan fused_sdpa_plan(const SdpaParams& params, bool rows);
 

@@ -71,6 +71,7 @@ std::string chosen_kernel(const SdpaParams& params, Backend backend) {
   std::string name = c.name;
   if (c.backend == Backend::kFused) {
     const FusedPlan plan = fused_sdpa_plan(params, c.run == fused_sdpa_rows);
+    if (plan.grouped) name = "fused grouped-query tiles";
     if (params.f16_products()) {
       name += " (float16 products)";
     } else if (params.bf16_products()) {

@@ -64,12 +64,14 @@ void MergeRow(const SdpaParams& p, const PartialRows* chunks, int64_t count, int
 // over all keys or, when PlanKeySplit splits them, over each key chunk, then merges each
 // row's chunks. run(ws, item, span) computes one item over one span; locate(item, r, batch,
 // query) names row r of an item, false past its last row. `share`: consecutive items that
-// read the same K and V (see kShareChunk), run chunk by chunk on one thread.
+// read the same K and V (see kShareChunk), run chunk by chunk on one thread. `merged`: the
+// items leave every row to the merge, even over all keys in one chunk (grouped-query tiles,
+// whose rows belong to several heads: the merge writes each through `locate`).
 template <class Workspace_, class RunItem, class Locate>
 void RunItems(const SdpaParams& p, int64_t count, int64_t rows, const RunItem& run,
-              const Locate& locate, int64_t share = 1) {
+              const Locate& locate, int64_t share = 1, bool merged = false) {
   const KeySplit split = PlanKeySplit(p, count, share);
-  if (split.chunks == 1) {
+  if (split.chunks == 1 && !merged) {
     // Built once: a span built per item is stored in two halves and read back as one
     // 16-byte load, a store-forwarding stall per item (tiny calls: 3 % of phrase-plan).
     const KeySpan all_keys{0, p.key_len, nullptr};

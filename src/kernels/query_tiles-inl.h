@@ -259,17 +259,27 @@ class TileAttention {
   // kKeyTile). Key tiles that no row of the tile sees (by position, document or mask) are
   // never loaded: the block sparsity of the score rules.
   void Run(const Tile& tile, KeySpan span) {
+    // A grouped-query tile (tile.group > 1: packed rows of G heads, TileRowOf) leaves its
+    // rows to the merge (span.partial), which writes each to its head's output.
+    HWY_DASSERT(tile.group == 1 || span.partial != nullptr);
     LoadQueries(tile);
     const int64_t head = head_of(p_, tile.batch);
-    if (may_exclude(p_)) ws_.row_rules.Load(p_, tile.batch, tile.first_query, tile.rows, kTq);
+    if (may_exclude(p_)) {
+      ws_.row_rules.Load(p_, tile.batch, tile.first_query, tile.rows, kTq, tile.group);
+    }
     // Keys past key_end are excluded by position for every row of the tile: skipped.
     const int64_t span_end = span.begin + span.count;
-    const VisibleKeys last_row = visible_keys(p_, tile.first_query + tile.rows - 1);
+    const VisibleKeys last_row = visible_keys(p_, TileRowOf(tile, tile.rows - 1).query);
     const int64_t key_end = std::clamp<int64_t>(last_row.reach(), 0, span_end);
     // The sink joins the first chunk's denominator as a key of score sink_h with no value.
     const bool sink = p_.sinks != nullptr && span.begin == 0;
     std::fill_n(ws_.row_max.get(), kTq,
                 sink ? p_.sinks[head] * kLog2e : -std::numeric_limits<float>::infinity());
+    if (sink && tile.group > 1) {  // each packed row its own head's sink
+      for (int64_t r = 0; r < tile.rows; ++r) {
+        ws_.row_max[r] = p_.sinks[head_of(p_, TileRowOf(tile, r).batch)] * kLog2e;
+      }
+    }
     std::fill_n(ws_.row_sum.get(), kTq, sink ? 1.0f : 0.0f);
     std::fill_n(ws_.visible.get(), kTq, uint8_t{0});
     std::fill_n(ws_.out_t.get(), p_.value_dim * kTq, 0.0f);
@@ -283,7 +293,7 @@ class TileAttention {
     // to 16 keys (whole vectors and dropout words), not at a multiple of the key tile.
     int64_t key_begin = span.begin;
     if (p_.window_left >= 0 && p_.prefix == 0) {
-      key_begin = std::clamp<int64_t>(visible_keys(p_, tile.first_query).first / 16 * 16,
+      key_begin = std::clamp<int64_t>(visible_keys(p_, TileRowOf(tile, 0).query).first / 16 * 16,
                                       span.begin, std::max(span.begin, key_end));
       if (tile.weights) ZeroWeights(tile, span.begin, key_begin);
     }
@@ -352,8 +362,9 @@ class TileAttention {
         for (int64_t e0 = 0; e0 < p_.head_dim; e0 += kLanes) {
           VF v[kLanes];
           for (int64_t i = 0; i < kLanes; ++i) {
-            const float* q = tile.query + (tile.first_query + r0 + i) * p_.query_strides.row;
-            v[i] = r0 + i < tile.rows ? hn::Mul(hn::LoadU(d, q + e0), factor_v) : hn::Zero(d);
+            v[i] = r0 + i < tile.rows
+                       ? hn::Mul(hn::LoadU(d, QueryRowOf(p_, tile, r0 + i) + e0), factor_v)
+                       : hn::Zero(d);
           }
           TransposeSquare(v);
           for (int64_t i = 0; i < kLanes; ++i) hn::Store(v[i], d, query_t + (e0 + i) * kTq + r0);
@@ -363,7 +374,7 @@ class TileAttention {
     }
 #endif
     for (int64_t r = 0; r < tile.rows; ++r) {
-      const float* q = tile.query + (tile.first_query + r) * p_.query_strides.row;
+      const float* q = QueryRowOf(p_, tile, r);
       for (int64_t e = 0; e < p_.head_dim; ++e) query_t[e * kTq + r] = q[e] * factor;
     }
     if (tile.rows < kTq) {
@@ -383,7 +394,7 @@ class TileAttention {
     }
     if (has_score_mods(p_)) {
       ModifyScores(p_, tile.batch, tile.bias, tile.first_query, tile.rows, k0, keys, kTq,
-                   ws_.score_t.get());
+                   ws_.score_t.get(), nullptr, nullptr, tile.group);
     } else if (tile.bias != nullptr) {
       AddBias(p_, tile.bias, tile.first_query, tile.rows, k0, keys, kTq, kLog2e, ws_.score_t.get());
     }

@@ -18,6 +18,7 @@
 
 #include "attend/score_rules.hpp"
 #include "score_rule_layer.hpp"
+#include "shape_policy.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attend::detail {
@@ -45,14 +46,18 @@ struct RowRules {
   }
   bool ok() const { return first && last && segment; }
 
-  // Rows [q0, q0 + rows) of batch index b; lanes past the last row repeat it.
-  void Load(const SdpaParams& p, int64_t b, int64_t q0, int64_t row_count, int64_t tq) {
+  // Rows [q0, q0 + rows) of batch index b; lanes past the last row repeat it. With group > 1,
+  // packed rows of a grouped-query tile (shape_policy.hpp: UnpackRow; never with documents):
+  // row q0 + r is query UnpackRow(q0 + r, group).query.
+  void Load(const SdpaParams& p, int64_t b, int64_t q0, int64_t row_count, int64_t tq,
+            int64_t group = 1) {
     rows = row_count;
     // The batch index's query segment ids, found once (query_segment per row divides).
     const int32_t* segments =
         p.segment_query ? p.segment_query + p.batch_offset(p.segment_query_strides, b) : nullptr;
     for (int64_t r = 0; r < tq; ++r) {
-      const int64_t i = q0 + std::min(r, rows - 1);
+      const int64_t row = q0 + std::min(r, rows - 1);
+      const int64_t i = group == 1 ? row : UnpackRow(row, group).query;
       const VisibleKeys keys = visible_keys(p, i);
       prefix_end = keys.prefix_end;
       first[r] = static_cast<int32_t>(std::clamp<int64_t>(keys.first, -1, p.key_len));
@@ -156,13 +161,40 @@ inline void AddBias(const SdpaParams& p, const float* bias, int64_t q0, int64_t 
   }
 }
 
+// Step 4 for packed rows [q0, q0 + tq) of a grouped-query tile (group > 1; UnpackRow): each
+// lane its own head's slope (batch index b + member) and query position, alibi_term's
+// slope·(j − i') in float as ModifyScores computes it.
+inline void AddPackedAlibi(const SdpaParams& p, int64_t b, int64_t q0, int64_t k0, int64_t keys,
+                           int64_t tq, int64_t group, float* scores) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  for (int64_t r = 0; r < tq; r += kLanes) {
+    HWY_ALIGN float slopes[hn::MaxLanes(d)];
+    HWY_ALIGN int32_t aligned[hn::MaxLanes(di)];
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const PackedRow row = UnpackRow(q0 + r + l, group);
+      slopes[l] = p.alibi_slopes[head_of(p, b + row.member)];
+      aligned[l] = static_cast<int32_t>(row.query + p.diagonal_offset);
+    }
+    const VF slope = hn::Load(d, slopes);
+    const auto aligned_v = hn::Load(di, aligned);
+    for (int64_t j = 0; j < keys; ++j) {
+      const auto distance = hn::Sub(hn::Set(di, static_cast<int32_t>(k0 + j)), aligned_v);
+      float* s = scores + j * tq + r;
+      hn::Store(hn::Add(hn::Load(d, s), hn::Mul(slope, hn::ConvertTo(d, distance))), d, s);
+    }
+  }
+}
+
 // Steps 2-5 (score_rule_layer.hpp) on natural-unit scores, then × log2 e:
 // softcapped(s, cap), + bias, + alibi_term (slope·(j − i') in float, as there), the user rule.
 // For the backward, copies of the scores after step 2 (`after_softcap`) and before step 5
-// (`before_user`) are kept when those are not null.
+// (`before_user`) are kept when those are not null. group > 1: the packed rows of a
+// grouped-query tile (AddPackedAlibi; no bias or user rule there).
 inline void ModifyScores(const SdpaParams& p, int64_t b, const float* bias, int64_t q0,
                          int64_t rows, int64_t k0, int64_t keys, int64_t tq, float* scores,
-                         float* after_softcap = nullptr, float* before_user = nullptr) {
+                         float* after_softcap = nullptr, float* before_user = nullptr,
+                         int64_t group = 1) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const int64_t head = head_of(p, b);
@@ -177,7 +209,9 @@ inline void ModifyScores(const SdpaParams& p, int64_t b, const float* bias, int6
   }
   if (after_softcap) std::copy_n(scores, keys * tq, after_softcap);
   if (bias) AddBias(p, bias, q0, rows, k0, keys, tq, 1.0f, scores);
-  if (p.alibi_slopes) {
+  if (p.alibi_slopes && group > 1) {
+    AddPackedAlibi(p, b, q0, k0, keys, tq, group, scores);
+  } else if (p.alibi_slopes) {
     const VF slope = hn::Set(d, p.alibi_slopes[head]);
     for (int64_t j = 0; j < keys; ++j) {
       for (int64_t r = 0; r < tq; r += kLanes) {
