@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "attend/sdpa.hpp"
 #include "attend/tensor.hpp"
@@ -42,5 +43,19 @@ struct StoredKeys {
 // checked by the caller.
 void run_over_stored_keys(const TensorView& query, const StoredKeys& stored,
                           const AttentionOutputViews& outputs, const AttentionOptions& options);
+
+// One query's call of a batch over stored keys (the sequences of a paged decoding step).
+struct StoredKeysCall {
+  TensorView query;
+  StoredKeys stored;
+  AttentionOutputViews outputs;
+};
+// run_over_stored_keys for every call of `calls`, the same options for all: each validated
+// first (an attend::Error before any output is written), then those the row groups run
+// (all of them on SIMD targets of 4 lanes or more) as one work list over options'
+// threads (fused_sdpa_rows_batch), the rest one after another. Each call's results are
+// bitwise those of run_over_stored_keys on it alone.
+void run_over_stored_keys_batch(const std::vector<StoredKeysCall>& calls,
+                                const AttentionOptions& options);
 
 }  // namespace attend::detail
