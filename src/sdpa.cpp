@@ -127,11 +127,6 @@ bool StoredKeys::readable_in_place() const {
          (key_blocks.dtype != DType::kFloat16 || exact_f16_widening());
 }
 
-void run_over_stored_keys(const TensorView& query, const StoredKeys& stored,
-                          const AttentionOutputViews& outputs, const AttentionOptions& options) {
-  run_over_stored_keys_batch({StoredKeysCall{query, stored, outputs}}, options);
-}
-
 void run_over_stored_keys_batch(const std::vector<StoredKeysCall>& calls,
                                 const AttentionOptions& options) {
   // Each checked as the dense problem of its query's dtype; run on float32 stand-ins (never
