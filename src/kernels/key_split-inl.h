@@ -12,6 +12,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -151,7 +152,8 @@ struct ProblemItems {
 //  - each problem is cut exactly as RunItems cuts it alone (PlanKeySplit of its own shape:
 //    whole items over all keys, or (share items, key chunk) units writing partial results);
 //  - the units of all problems run largest first (keys × items), each on one thread;
-//  - each split problem's rows are then merged in order (MergeItems).
+//  - each split problem's rows are merged in order (MergeItems) by the thread that ran its
+//    last unit.
 // So every problem's results are bitwise those of RunItems on it alone, whatever the thread
 // count and whatever else the batch holds. `widest`: problems[0] with the largest key_len
 // of the batch, which sizes the per-thread workspaces. run(ws, problem, item, span) and
@@ -190,6 +192,11 @@ void RunBatchItems(const SdpaParams& widest, const SdpaParams* problems,
   std::stable_sort(units.begin(), units.end(),
                    [](const Unit& a, const Unit& b) { return a.keys > b.keys; });
   const PartialResults partials(widest, first_partial.back(), rows);
+  // Units of each split problem still to run: the thread that runs a problem's last unit
+  // merges its rows (while its partial results are still in that core's cache), the same
+  // sums in the same order whichever thread it is.
+  std::vector<std::atomic<int64_t>> pending(static_cast<size_t>(count));
+  for (const Unit& unit : units) pending[static_cast<size_t>(unit.problem)].fetch_add(1);
   ParallelItems<Workspace_>(
       widest, multiply_adds, static_cast<int64_t>(units.size()),
       [&](Workspace_& ws, int64_t u) {
@@ -210,23 +217,15 @@ void RunBatchItems(const SdpaParams& widest, const SdpaParams* problems,
               KeySpan{begin, std::min(split.chunk_len, p.key_len - begin),
                       partials.at(base + item * split.chunks + unit.chunk)});
         }
+        // acq_rel: the other units' partial results are visible to the merging thread.
+        if (pending[static_cast<size_t>(unit.problem)].fetch_sub(1, std::memory_order_acq_rel) ==
+            1) {
+          MergeItems(p, partials.at(base), it.count, split.chunks, rows,
+                     [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
+                       return locate(unit.problem, item, r, batch, query);
+                     });
+        }
       });
-  // The merges: a problem at a time (each problem's rows in order).
-  struct NoWorkspace {
-    explicit NoWorkspace(const SdpaParams&) {}
-    bool ok() const { return true; }
-  };
-  const double merge_multiply_adds =
-      static_cast<double>(first_partial.back()) * static_cast<double>(rows * widest.value_dim);
-  ParallelItems<NoWorkspace>(widest, merge_multiply_adds, count, [&](NoWorkspace&, int64_t s) {
-    const KeySplit& split = splits[static_cast<size_t>(s)];
-    if (split.chunks == 1) return;
-    MergeItems(problems[s], partials.at(first_partial[static_cast<size_t>(s)]), items[s].count,
-               split.chunks, rows,
-               [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
-                 return locate(s, item, r, batch, query);
-               });
-  });
 }
 
 }  // namespace HWY_NAMESPACE
