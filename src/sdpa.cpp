@@ -6,10 +6,12 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "attend/error.hpp"
 #include "cpu_features.hpp"
 #include "grouped_query.hpp"
+#include "kernels/fused_sdpa.hpp"
 #include "kernels/kernel_list.hpp"
 #include "kv_format.hpp"
 #include "sdpa_boundary.hpp"
@@ -51,19 +53,28 @@ void attach_stored_keys(SdpaParams& p, const StoredKeys& stored) {
   }
 }
 
-void run(const TensorView& query, const TensorView& key, const TensorView& value,
-         const Problem& problem, const AttentionOutputViews& outputs,
-         const AttentionOptions& options, const StoredKeys* stored = nullptr) {
+// One call from its validated problem to the caller's outputs: the kernel's parameters
+// (K/V heads split for grouped queries) and the copies they point into. Not movable once
+// prepared (params points into inputs and the output copies).
+struct PreparedCall {
   KernelInputs inputs;
-  SdpaParams p = make_params(query, key, value, problem, options, inputs);
-  if (stored) attach_stored_keys(p, *stored);
+  SdpaParams params;
+  std::optional<Tensor> output_copy, weights_copy;
+  AttentionOutputViews outputs;
+  bool has_work = false;  // some row to compute
+};
 
-  std::optional<Tensor> output_copy, weights_copy, lse_copy;
-  const TensorView out = writable_kernel_float(outputs.output, output_copy);
+void prepare(const TensorView& query, const TensorView& key, const TensorView& value,
+             const Problem& problem, const AttentionOutputViews& outputs,
+             const AttentionOptions& options, const StoredKeys* stored, PreparedCall& call) {
+  SdpaParams p = make_params(query, key, value, problem, options, call.inputs);
+  if (stored) attach_stored_keys(p, *stored);
+  call.outputs = outputs;
+  const TensorView out = writable_kernel_float(outputs.output, call.output_copy);
   p.output = out.data_as<float>();
   p.output_strides = plain_strides(out);
   if (outputs.weights) {
-    const TensorView w = writable_kernel_float(*outputs.weights, weights_copy);
+    const TensorView w = writable_kernel_float(*outputs.weights, call.weights_copy);
     p.weights = w.data_as<float>();
     p.weights_strides = plain_strides(w);
   }
@@ -71,17 +82,23 @@ void run(const TensorView& query, const TensorView& key, const TensorView& value
     p.logsumexp = outputs.logsumexp->data_as<float>();
     p.logsumexp_strides = row_vector_strides(*outputs.logsumexp);
   }
+  call.has_work = p.batch * p.query_len > 0;
+  call.params = problem.kv_group > 1 ? split_kv_heads(p, problem.kv_group) : p;
+}
 
-  if (p.batch * p.query_len > 0) {
-    if (problem.kv_group > 1) {
-      run_kernel(split_kv_heads(p, problem.kv_group), options.backend);
-    } else {
-      run_kernel(p, options.backend);
-    }
-  }
+// The kernel's float32 results into the caller's outputs of other dtypes.
+void finish(const PreparedCall& call) {
+  if (call.output_copy) convert(call.output_copy->view(), call.outputs.output);
+  if (call.weights_copy) convert(call.weights_copy->view(), *call.outputs.weights);
+}
 
-  if (output_copy) convert(output_copy->view(), outputs.output);
-  if (weights_copy) convert(weights_copy->view(), *outputs.weights);
+void run(const TensorView& query, const TensorView& key, const TensorView& value,
+         const Problem& problem, const AttentionOutputViews& outputs,
+         const AttentionOptions& options, const StoredKeys* stored = nullptr) {
+  PreparedCall call;
+  prepare(query, key, value, problem, outputs, options, stored, call);
+  if (call.has_work) run_kernel(call.params, options.backend);
+  finish(call);
 }
 
 }  // namespace
@@ -110,16 +127,36 @@ bool StoredKeys::readable_in_place() const {
          (key_blocks.dtype != DType::kFloat16 || exact_f16_widening());
 }
 
-void run_over_stored_keys(const TensorView& query, const StoredKeys& stored,
-                          const AttentionOutputViews& outputs, const AttentionOptions& options) {
-  // Checked as the dense problem of the query's dtype; run on float32 stand-ins (never read:
-  // attach_stored_keys points the kernel at the blocks) with float32 products.
-  const Problem problem = validate_inputs(query, stored.stand_in(false, query.dtype),
-                                          stored.stand_in(true, query.dtype), options);
+void run_over_stored_keys_batch(const std::vector<StoredKeysCall>& calls,
+                                const AttentionOptions& options) {
+  // Each checked as the dense problem of its query's dtype; run on float32 stand-ins (never
+  // read: attach_stored_keys points the kernel at the blocks) with float32 products.
   AttentionOptions o = options;
   o.compute = ComputePrecision::kFloat32;
-  run(query, stored.stand_in(false, DType::kFloat32), stored.stand_in(true, DType::kFloat32),
-      problem, outputs, o, &stored);
+  std::vector<PreparedCall> prepared(calls.size());
+  std::vector<SdpaParams> rows;  // the calls the row groups run, as one work list
+  for (size_t n = 0; n < calls.size(); ++n) {
+    const StoredKeysCall& c = calls[n];
+    const Problem problem = validate_inputs(c.query, c.stored.stand_in(false, c.query.dtype),
+                                            c.stored.stand_in(true, c.query.dtype), options);
+    prepare(c.query, c.stored.stand_in(false, DType::kFloat32),
+            c.stored.stand_in(true, DType::kFloat32), problem, c.outputs, o, &c.stored,
+            prepared[n]);
+  }
+  for (PreparedCall& call : prepared) {
+    if (!call.has_work) continue;
+    if (chosen_kernel_run(call.params, o.backend) == fused_sdpa_rows) {
+      rows.push_back(call.params);
+    } else {
+      run_kernel(call.params, o.backend);
+    }
+  }
+  if (rows.size() == 1) {
+    fused_sdpa_rows(rows[0]);
+  } else if (!rows.empty()) {
+    fused_sdpa_rows_batch(rows.data(), static_cast<int64_t>(rows.size()));
+  }
+  for (const PreparedCall& call : prepared) finish(call);
 }
 
 }  // namespace attend::detail

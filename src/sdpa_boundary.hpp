@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "attend/sdpa.hpp"
 #include "attend/tensor.hpp"
@@ -37,10 +38,20 @@ struct StoredKeys {
   bool readable_in_place() const;
 };
 
-// scaled_dot_product_attention_into of `query` (H, Lq, E) over the stored keys: validated as
-// the dense problem, float32 products on K and V widened in registers (row groups), outputs
-// checked by the caller.
-void run_over_stored_keys(const TensorView& query, const StoredKeys& stored,
-                          const AttentionOutputViews& outputs, const AttentionOptions& options);
+// One call over stored keys: scaled_dot_product_attention_into of `query` (H, Lq, E) over
+// `stored`, outputs checked by the caller (a sequence of a paged decoding step).
+struct StoredKeysCall {
+  TensorView query;
+  StoredKeys stored;
+  AttentionOutputViews outputs;
+};
+// Every call of `calls`, the same options for all: each validated as its dense problem
+// first (an attend::Error before any output is written), float32 products on K and V
+// widened in registers; those the row groups run (all of them but for a forced reference
+// backend) as one work list over the options' threads (fused_sdpa_rows_batch), the rest one
+// after another. Each call's results are bitwise those of the dense call on it alone (the
+// same row groups, key split and merge), whatever the other calls and the thread count.
+void run_over_stored_keys_batch(const std::vector<StoredKeysCall>& calls,
+                                const AttentionOptions& options);
 
 }  // namespace attend::detail

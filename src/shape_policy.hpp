@@ -50,6 +50,16 @@ constexpr int64_t kSplitGranule = 256;  // keys: ≥ 16 KiB of K and V per row a
 // cache (512 keys of E = Ev = 128 float32: 512 KiB) for the group's other items.
 constexpr int64_t kShareChunk = 512;
 static_assert(kShareChunk % kSplitGranule == 0);
+//
+// A batch of sequences in one call (paged decoding: key_split-inl.h's RunBatchItems) cuts
+// each sequence exactly as its own dense call would (PlanKeySplit of the sequence's shape,
+// never of the batch or the thread count: bitwise the dense call's results), and runs the
+// units of every sequence as one work list, largest first, over all threads. With a shared
+// K/V head (grouped queries) a sequence of ≥ 2·kShareChunk keys is cut into kShareChunk-key
+// chunks, a shorter one is shorter than that anyway: no unit reads more than 2·kShareChunk
+// keys of K and V (tests/paged_batch_test.cc), so a batch of many sequences is balanced to
+// within about that many tokens per thread however unequal its lengths. Without one (G 1),
+// each sequence is cut for kSplitItems units as a dense call is.
 struct KeySplit {
   int64_t chunks;
   int64_t chunk_len;

@@ -38,6 +38,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
+
+#include "attend/error.hpp"
 
 #include "shape_policy.hpp"
 #include "simd_dispatch.hpp"
@@ -69,18 +72,57 @@ namespace attend::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Row r of row group `item` as (batch index, query), false past the group's last row.
+HWY_INLINE bool LocateRow(const SdpaParams& p, const RowGroups& groups, int64_t item, int64_t r,
+                          int64_t& batch, int64_t& query) {
+  if (r >= groups.rows(p, item)) return false;
+  batch = groups.first_batch(item) + (groups.across ? r : 0);
+  query = groups.across ? 0 : groups.first_query(item) + r;
+  return true;
+}
+
 void RunAllRows(const SdpaParams& p) {
   const RowGroups groups(p);
   RunItems<RowWorkspace>(
       p, groups.count, kRowGroup,
       [&](RowWorkspace& ws, int64_t item, KeySpan span) { groups.Run(p, ws, item, span); },
       [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
-        if (r >= groups.rows(p, item)) return false;
-        batch = groups.first_batch(item) + (groups.across ? r : 0);
-        query = groups.across ? 0 : groups.first_query(item) + r;
-        return true;
+        return LocateRow(p, groups, item, r, batch, query);
       },
       groups.share(p));
+}
+
+// A thread's row workspace in a batched call: the problem its cached tile pointers
+// (RowWorkspace::tile_batch) belong to, forgotten when the next unit is another problem's.
+struct BatchRowWorkspace : RowWorkspace {
+  explicit BatchRowWorkspace(const SdpaParams& p) : RowWorkspace(p) {}
+  int64_t problem = -1;
+};
+
+// The row groups of several problems as one work list (RunBatchItems).
+void RunRowsBatch(const SdpaParams* problems, int64_t count) {
+  std::vector<RowGroups> groups;
+  std::vector<ProblemItems> items;
+  groups.reserve(static_cast<size_t>(count));
+  items.reserve(static_cast<size_t>(count));
+  SdpaParams widest = problems[0];
+  for (int64_t s = 0; s < count; ++s) {
+    groups.emplace_back(problems[s]);
+    items.push_back({groups.back().count, groups.back().share(problems[s])});
+    widest.key_len = std::max(widest.key_len, problems[s].key_len);
+  }
+  RunBatchItems<BatchRowWorkspace>(
+      widest, problems, items.data(), count, kRowGroup,
+      [&](BatchRowWorkspace& ws, int64_t s, int64_t item, KeySpan span) {
+        if (ws.problem != s) {
+          std::fill_n(ws.tile_batch, kRowGroup, int64_t{-1});
+          ws.problem = s;
+        }
+        groups[static_cast<size_t>(s)].Run(problems[s], ws, item, span);
+      },
+      [&](int64_t s, int64_t item, int64_t r, int64_t& batch, int64_t& query) {
+        return LocateRow(problems[s], groups[static_cast<size_t>(s)], item, r, batch, query);
+      });
 }
 
 // Products: void (float32 products) or a bfloat16 products struct (isa/).
@@ -161,6 +203,10 @@ void FusedSdpaRows(const SdpaParams& p) {
   RunAllRows(p);
 }
 
+void FusedSdpaRowsBatch(const SdpaParams* problems, int64_t count) {
+  RunRowsBatch(problems, count);
+}
+
 // Query tiles of TileVectors(Lq) vectors (shape_policy.hpp).
 template <class Products>
 void RunTilesOfHeight(const SdpaParams& p) {
@@ -222,6 +268,7 @@ HWY_AFTER_NAMESPACE();
 namespace attend::detail {
 
 HWY_EXPORT(FusedSdpaRows);
+HWY_EXPORT(FusedSdpaRowsBatch);
 HWY_EXPORT(FusedSdpaTiles);
 HWY_EXPORT(FusedLanes);
 HWY_EXPORT(PlanFused);
@@ -235,6 +282,19 @@ const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
 }
 
 void fused_sdpa_rows(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaRows)(params); }
+
+void fused_sdpa_rows_batch(const SdpaParams* problems, int64_t count) {
+  if (count <= 0) return;
+  for (int64_t s = 1; s < count; ++s) {
+    const SdpaParams& a = problems[0];
+    const SdpaParams& b = problems[s];
+    if ((a.block_table == nullptr) != (b.block_table == nullptr) || a.head_dim != b.head_dim ||
+        a.value_dim != b.value_dim || a.num_threads != b.num_threads) {
+      throw Error("fused_sdpa_rows_batch: problems differ in more than their sizes and operands");
+    }
+  }
+  ATTEND_DISPATCH(FusedSdpaRowsBatch)(problems, count);
+}
 
 const char* fused_sdpa_tiles_rejects(const SdpaParams& params) {
   if (params.stored_kv() && !params.half_kv()) {

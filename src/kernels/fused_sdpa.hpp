@@ -15,6 +15,12 @@ namespace attend::detail {
 // (shape_policy.hpp: PacksGroupedQueries), decided per call.
 const char* fused_sdpa_rows_rejects(const SdpaParams& params);
 void fused_sdpa_rows(const SdpaParams& params);
+// The row groups of `count` problems (the sequences of a paged decoding batch: the same
+// options, dimensions, threads and kind of K/V, their own lengths, operands, block tables
+// and positions; each accepted by fused_sdpa_rows_rejects) as one work list over all threads
+// (key_split-inl.h: RunBatchItems): each problem's results bitwise those of
+// fused_sdpa_rows on it alone, whatever the thread count and the rest of the batch.
+void fused_sdpa_rows_batch(const SdpaParams* problems, int64_t count);
 
 // Query tiles (queries along the lanes): every problem, and the only kernel for bfloat16
 // products (SdpaParams::bf16).

@@ -12,6 +12,7 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -60,6 +61,50 @@ void MergeRow(const SdpaParams& p, const PartialRows* chunks, int64_t count, int
   if (excluded_row) WriteFullyExcludedRow(p, tile, query);
 }
 
+// The partial results of `count` (item, chunk) pairs of `rows` rows each, pair i at at(i):
+// `rows` rows of out_stride floats, then the rows' maxima, sums and visible flags.
+class PartialResults {
+ public:
+  PartialResults(const SdpaParams& p, int64_t count, int64_t rows) {
+    const auto out_stride = static_cast<int64_t>(
+        hwy::RoundUpTo(static_cast<size_t>(p.value_dim), static_cast<size_t>(kLanes)));
+    const int64_t floats_per_item = rows * (out_stride + 3);
+    if (count == 0) return;
+    buffer_ = hwy::AllocateAligned<float>(static_cast<size_t>(count * floats_per_item));
+    if (!buffer_) {
+      throw Error("fused attention: out of memory for the key split's partial results");
+    }
+    partials_.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      float* base = buffer_.get() + i * floats_per_item;
+      float* stats = base + rows * out_stride;
+      partials_[static_cast<size_t>(i)] = PartialRows{
+          base, out_stride, stats, stats + rows, reinterpret_cast<uint8_t*>(stats + 2 * rows)};
+    }
+  }
+  const PartialRows* at(int64_t i) const { return partials_.data() + i; }
+
+ private:
+  hwy::AlignedFreeUniquePtr<float[]> buffer_;
+  std::vector<PartialRows> partials_;
+};
+
+// Every row of `count` work items from their chunks' partial results (`chunks` per item,
+// item-major from `partials`), items and rows in order; locate as in RunItems.
+template <class Locate>
+void MergeItems(const SdpaParams& p, const PartialRows* partials, int64_t count, int64_t chunks,
+                int64_t rows, const Locate& locate) {
+  Tile tile{};
+  tile.batch = -1;
+  for (int64_t item = 0; item < count; ++item) {
+    int64_t batch = 0, query = 0;
+    for (int64_t r = 0; r < rows && locate(item, r, batch, query); ++r) {
+      if (tile.batch != batch) SetTileBatch(p, batch, tile);
+      MergeRow(p, partials + item * chunks, chunks, r, tile, query);
+    }
+  }
+}
+
 // Runs the `count` work items of a call (row groups or query tiles of up to `rows` rows)
 // over all keys or, when PlanKeySplit splits them, over each key chunk, then merges each
 // row's chunks. run(ws, item, span) computes one item over one span; locate(item, r, batch,
@@ -79,21 +124,7 @@ void RunItems(const SdpaParams& p, int64_t count, int64_t rows, const RunItem& r
                               [&](Workspace_& ws, int64_t item) { run(ws, item, all_keys); });
     return;
   }
-  // Partial results of every (item, chunk): `rows` rows of out_stride floats, then the
-  // rows' maxima, sums and visible flags.
-  const int64_t items = count * split.chunks;
-  const auto out_stride = static_cast<int64_t>(
-      hwy::RoundUpTo(static_cast<size_t>(p.value_dim), static_cast<size_t>(kLanes)));
-  const int64_t floats_per_item = rows * (out_stride + 3);
-  auto buffer = hwy::AllocateAligned<float>(static_cast<size_t>(items * floats_per_item));
-  if (!buffer) throw Error("fused attention: out of memory for the key split's partial results");
-  std::vector<PartialRows> partials(static_cast<size_t>(items));
-  for (int64_t i = 0; i < items; ++i) {
-    float* base = buffer.get() + i * floats_per_item;
-    float* stats = base + rows * out_stride;
-    partials[static_cast<size_t>(i)] = PartialRows{base, out_stride, stats, stats + rows,
-                                                   reinterpret_cast<uint8_t*>(stats + 2 * rows)};
-  }
+  const PartialResults partials(p, count * split.chunks, rows);
   // Units of work: (group of `share` items, chunk), the group's items in order.
   const int64_t groups = (count + share - 1) / share;
   ParallelItems<Workspace_>(
@@ -103,18 +134,100 @@ void RunItems(const SdpaParams& p, int64_t count, int64_t rows, const RunItem& r
         for (int64_t item = first; item < std::min(count, first + share); ++item) {
           run(ws, item,
               KeySpan{begin, std::min(split.chunk_len, p.key_len - begin),
-                      &partials[static_cast<size_t>(item * split.chunks + chunk)]});
+                      partials.at(item * split.chunks + chunk)});
         }
       });
-  Tile tile{};
-  tile.batch = -1;
-  for (int64_t item = 0; item < count; ++item) {
-    int64_t batch = 0, query = 0;
-    for (int64_t r = 0; r < rows && locate(item, r, batch, query); ++r) {
-      if (tile.batch != batch) SetTileBatch(p, batch, tile);
-      MergeRow(p, partials.data() + item * split.chunks, split.chunks, r, tile, query);
+  MergeItems(p, partials.at(0), count, split.chunks, rows, locate);
+}
+
+// The work items of one problem of a batched call (RunBatchItems): `count` items, `share`
+// of them reading the same K and V (as RunItems takes them).
+struct ProblemItems {
+  int64_t count;
+  int64_t share;
+};
+
+// Runs the work items of `problems` (one params each: the sequences of a paged decoding
+// batch, which differ in their lengths, operands and positions, never in their options or
+// dimensions) as one work list on problems[0].num_threads threads, so that a short problem
+// does not leave threads idle and a long one is shared by all of them:
+//  - each problem is cut exactly as RunItems cuts it alone (PlanKeySplit of its own shape:
+//    whole items over all keys, or (share items, key chunk) units writing partial results);
+//  - the units of all problems run largest first (keys × items), each on one thread;
+//  - each split problem's rows are merged in order (MergeItems) by the thread that ran its
+//    last unit.
+// So every problem's results are bitwise those of RunItems on it alone, whatever the thread
+// count and whatever else the batch holds. `widest`: problems[0] with the largest key_len
+// of the batch, which sizes the per-thread workspaces. run(ws, problem, item, span) and
+// locate(problem, item, r, batch, query) as RunItems' with the problem's index first.
+template <class Workspace_, class RunItem, class Locate>
+void RunBatchItems(const SdpaParams& widest, const SdpaParams* problems,
+                   const ProblemItems* items, int64_t count, int64_t rows, const RunItem& run,
+                   const Locate& locate) {
+  struct Unit {
+    int64_t problem, first, chunk;
+    double keys;  // keys × items of the unit: its share of the batch's reads
+  };
+  std::vector<KeySplit> splits(static_cast<size_t>(count));
+  std::vector<int64_t> first_partial(static_cast<size_t>(count) + 1, 0);
+  std::vector<Unit> units;
+  double multiply_adds = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    const SdpaParams& p = problems[s];
+    const ProblemItems& it = items[s];
+    const KeySplit split = PlanKeySplit(p, it.count, it.share);
+    splits[static_cast<size_t>(s)] = split;
+    first_partial[static_cast<size_t>(s) + 1] =
+        first_partial[static_cast<size_t>(s)] + (split.chunks > 1 ? it.count * split.chunks : 0);
+    multiply_adds += ForwardMultiplyAdds(p);
+    // Unsplit: one unit per item (over all keys, as RunItems); split: per (group, chunk).
+    const int64_t share = split.chunks > 1 ? it.share : 1;
+    for (int64_t first = 0; first < it.count; first += share) {
+      const double n = static_cast<double>(std::min(share, it.count - first));
+      for (int64_t chunk = 0; chunk < split.chunks; ++chunk) {
+        const int64_t keys = std::min(split.chunk_len, p.key_len - chunk * split.chunk_len);
+        units.push_back({s, first, chunk, n * static_cast<double>(keys)});
+      }
     }
   }
+  // Largest first (ties in order): the last units to start are the shortest.
+  std::stable_sort(units.begin(), units.end(),
+                   [](const Unit& a, const Unit& b) { return a.keys > b.keys; });
+  const PartialResults partials(widest, first_partial.back(), rows);
+  // Units of each split problem still to run: the thread that runs a problem's last unit
+  // merges its rows (while its partial results are still in that core's cache), the same
+  // sums in the same order whichever thread it is.
+  std::vector<std::atomic<int64_t>> pending(static_cast<size_t>(count));
+  for (const Unit& unit : units) pending[static_cast<size_t>(unit.problem)].fetch_add(1);
+  ParallelItems<Workspace_>(
+      widest, multiply_adds, static_cast<int64_t>(units.size()),
+      [&](Workspace_& ws, int64_t u) {
+        const Unit& unit = units[static_cast<size_t>(u)];
+        const SdpaParams& p = problems[unit.problem];
+        const KeySplit& split = splits[static_cast<size_t>(unit.problem)];
+        if (split.chunks == 1) {
+          const KeySpan all_keys{0, p.key_len, nullptr};
+          run(ws, unit.problem, unit.first, all_keys);
+          return;
+        }
+        const ProblemItems& it = items[unit.problem];
+        const int64_t begin = unit.chunk * split.chunk_len;
+        const int64_t base = first_partial[static_cast<size_t>(unit.problem)];
+        for (int64_t item = unit.first; item < std::min(it.count, unit.first + it.share);
+             ++item) {
+          run(ws, unit.problem, item,
+              KeySpan{begin, std::min(split.chunk_len, p.key_len - begin),
+                      partials.at(base + item * split.chunks + unit.chunk)});
+        }
+        // acq_rel: the other units' partial results are visible to the merging thread.
+        if (pending[static_cast<size_t>(unit.problem)].fetch_sub(1, std::memory_order_acq_rel) ==
+            1) {
+          MergeItems(p, partials.at(base), it.count, split.chunks, rows,
+                     [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
+                       return locate(unit.problem, item, r, batch, query);
+                     });
+        }
+      });
 }
 
 }  // namespace HWY_NAMESPACE

@@ -1,8 +1,10 @@
 // paged_attention.cpp: attention over K/V blocks listed by block tables (paged_attention_into,
 // attend/kv_cache.hpp; PagedKvCache::attend). Every block table is checked against the
-// storage before a block is read; each sequence then runs as a dense call over its stored
-// keys: the blocks read in place through the table (decoding, up to kMaxDecodeQueries
-// queries), else a contiguous gathered copy (prefill chunks).
+// storage before a block is read. The decoding sequences (up to kMaxDecodeQueries queries)
+// then run together as one work list over all threads, their blocks read in place through
+// the tables (run_over_stored_keys_batch: the key split's units of every sequence, largest
+// first, merged per row in a fixed order), each sequence with the bits of its own dense
+// call; prefill chunks run a sequence at a time on a contiguous gathered copy.
 #include "serving/paged_attention.hpp"
 
 #include "attend/kv_cache.hpp"
@@ -334,19 +336,39 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
   const bool blocks_in_place =
       blocks.readable_in_place() &&
       (options.compute == ComputePrecision::kAuto || options.compute == ComputePrecision::kFloat32);
+  // The sequences read in place, collected here and run after the others as one work list
+  // over all threads (run_over_stored_keys_batch: a short sequence does not hold a thread,
+  // a long one is shared by all), each with the bits of its own dense call.
+  std::vector<detail::StoredKeysCall> in_place;
+  const auto in_place_call = [&](size_t s) {
+    const RaggedSequence& seq = sequences[s];
+    const CachedKeys& keys = cached[s];
+    detail::StoredKeysCall call{detail::sequence_view(query, seq.q_begin, seq.q_len), blocks, {}};
+    call.stored.table = keys.table + keys.first_block;
+    call.stored.length = seq.k_len;
+    call.outputs.output = detail::sequence_view(out_view, seq.q_begin, seq.q_len);
+    if (staged_lse) {
+      call.outputs.logsumexp = detail::sequence_rows(staged_lse->view(), seq.q_begin, seq.q_len);
+    }
+    return call;
+  };
+  // What is left to run a sequence at a time: prefill chunks, and key_mass's dense calls.
+  std::vector<RaggedSequence> one_at_a_time = sequences;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    if (blocks_in_place && sequences[s].q_len > 0 && sequences[s].q_len <= kMaxDecodeQueries) {
+      in_place.push_back(in_place_call(s));
+      if (!key_mass) one_at_a_time[s].q_len = 0;
+    }
+  }
   detail::schedule_sequences(
-      sequences, query.shape[1], query.shape[2] + value_blocks.shape[3], threads,
+      one_at_a_time, query.shape[1], query.shape[2] + value_blocks.shape[3], threads,
       [&](size_t s, int sequence_threads) {
         const RaggedSequence& seq = sequences[s];
         const CachedKeys& keys = cached[s];
+        const bool read_in_place = blocks_in_place && seq.q_len <= kMaxDecodeQueries;
         const TensorView q = detail::sequence_view(query, seq.q_begin, seq.q_len);
         AttentionOptions o = per_sequence;
         o.num_threads = sequence_threads;
-        AttentionOutputViews outs;
-        outs.output = detail::sequence_view(out_view, seq.q_begin, seq.q_len);
-        if (staged_lse) {
-          outs.logsumexp = detail::sequence_rows(staged_lse->view(), seq.q_begin, seq.q_len);
-        }
         // Each sequence's keys gathered at most once (key_mass and a prefill chunk).
         std::optional<Tensor> key_copy, value_copy;
         std::optional<std::pair<TensorView, TensorView>> copies;
@@ -365,15 +387,19 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
                          staged_mass->data_as<float>() + static_cast<int64_t>(s) * mass_strides[0],
                          mass_strides[1], keys.start);
         }
-        if (blocks_in_place && seq.q_len <= kMaxDecodeQueries) {
-          detail::StoredKeys stored = blocks;
-          stored.table = keys.table + keys.first_block;
-          stored.length = seq.k_len;
-          detail::run_over_stored_keys(q, stored, outs, o);
-          return;
+        if (read_in_place) return;
+        AttentionOutputViews outs;
+        outs.output = detail::sequence_view(out_view, seq.q_begin, seq.q_len);
+        if (staged_lse) {
+          outs.logsumexp = detail::sequence_rows(staged_lse->view(), seq.q_begin, seq.q_len);
         }
         scaled_dot_product_attention_into(q, gathered().first, gathered().second, outs, o);
       });
+  if (!in_place.empty()) {
+    AttentionOptions o = per_sequence;
+    o.num_threads = threads;
+    detail::run_over_stored_keys_batch(in_place, o);
+  }
   convert(staged_output.view(), output);
   if (logsumexp) convert(staged_lse->view(), *logsumexp);
   if (key_mass) convert(staged_mass->view(), *key_mass);
