@@ -403,16 +403,22 @@ class TileAttention {
       ScoreBlock<QV, kScoreKeys>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
                                  score_t + j * kTq);
     }
+    const auto block = [&](auto keys_tag) {
+      ScoreBlock<QV, decltype(keys_tag)::value>(ws_.query_t.get(), key + j * key_stride,
+                                                key_stride, p_.head_dim, score_t + j * kTq);
+    };
     if constexpr (kScoreKeys > 4) {
-      for (; j + 4 <= keys; j += 4) {
-        ScoreBlock<QV, 4>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
-                          score_t + j * kTq);
-      }
+      for (; j + 4 <= keys; j += 4) block(std::integral_constant<int, 4>{});
     }
-    for (; j < keys; ++j) {
-      ScoreBlock<QV, 1>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
-                        score_t + j * kTq);
+    // The last 2 or 3 keys (128 = 21·6 + 2 at QV = 4) in one block: a key at a time, QV
+    // chains would wait out the FMA latency at every step (4 where 8 keep both FMA ports busy).
+    if constexpr (3 * QV <= kAccumulators) {
+      if (keys - j == 3) return block(std::integral_constant<int, 3>{});
     }
+    if constexpr (2 * QV <= kAccumulators) {
+      if (keys - j == 2) return block(std::integral_constant<int, 2>{});
+    }
+    for (; j < keys; ++j) block(std::integral_constant<int, 1>{});
   }
 
   // The same with bfloat16 products: K from the span packed in ws_.bf16 (ws_.amx), the scale
