@@ -127,7 +127,9 @@ inline void LoadQueryPairs(const SdpaParams& p, const uint16_t* query_rows, int6
 // Whether a products struct takes its operands in the AMX tiles' layout (amx::TileOperands,
 // ws.amx: K rows and Vᵀ zero-padded to whole tiles) rather than Bf16Operands (ws.bf16).
 template <class Products>
-constexpr bool kTakesTileOperands = requires { Products::kTileOperands; };
+constexpr bool kTakesTileOperands = requires {
+  Products::kTileOperands;
+};
 
 // Per-thread scratch, allocated once per call and thread (never in the tile loops).
 struct Workspace {
@@ -145,7 +147,7 @@ struct Workspace {
   PackedOperands packed;                         // see PackKeysAndValues
   Bf16Operands bf16;                             // bfloat16 products only: see Bf16Operands
 #if ATTEND_AMX_BF16
-  amx::TileOperands amx;                         // the same on AMX tiles (p.amx_tiles)
+  amx::TileOperands amx;  // the same on AMX tiles (p.amx_tiles)
 #endif
 
   explicit Workspace(const SdpaParams& p) {
@@ -377,6 +379,10 @@ class TileAttention {
   // score_rule_layer.hpp (log2 domain from here on).
   void ComputeScores(const Tile& tile, int64_t k0, int64_t keys, TileVerdict verdict) {
     if constexpr (kPairs) {
+      // Plain scores (no modification, bias or exclusion writes to them): the scale is
+      // folded into the exponent's argument instead (SoftmaxStep), one multiply per score less.
+      fold_scale_ = p_.bf16_products() && !has_score_mods(p_) && tile.bias == nullptr &&
+                    !may_exclude(p_) && score_factor_ > 0.0f && std::isfinite(score_factor_);
       ComputeScoresPairs(k0, keys);
     } else {
       ComputeScoresF32(tile, k0, keys);
@@ -404,8 +410,8 @@ class TileAttention {
                                  score_t + j * kTq);
     }
     const auto block = [&](auto keys_tag) {
-      ScoreBlock<QV, decltype(keys_tag)::value>(ws_.query_t.get(), key + j * key_stride,
-                                                key_stride, p_.head_dim, score_t + j * kTq);
+      ScoreBlock<QV, decltype(keys_tag)::value>(ws_.query_t.get(), key + j * key_stride, key_stride,
+                                                p_.head_dim, score_t + j * kTq);
     };
     if constexpr (kScoreKeys > 4) {
       for (; j + 4 <= keys; j += 4) block(std::integral_constant<int, 4>{});
@@ -426,7 +432,8 @@ class TileAttention {
   void ComputeScoresPairs(int64_t k0, int64_t keys) {
     const int64_t pairs = PairsOf(p_.head_dim);
     Products::Product(keys, QV, pairs, KeyPairs(k0), PairsB{QueryPairs(), kTq},
-                      PairsC{ws_.score_t.get(), kTq, PairStart::kZero, nullptr, score_factor_});
+                      PairsC{ws_.score_t.get(), kTq, PairStart::kZero, nullptr,
+                             fold_scale_ ? 1.0f : score_factor_});
   }
 
   // The bfloat16 operands: Q's pairs of the tile, P's pairs of the key tile, and K's and V's
@@ -472,9 +479,27 @@ class TileAttention {
   // probabilities 2^(s − m') in place, l' = α·l + Σ p.
   // Stores the reference point m' (0 for rows still at -inf) in tile_max when not null.
   void SoftmaxStep(int64_t keys, float* tile_max_out) {
+    if constexpr (kPairs) {
+      if (fold_scale_) return SoftmaxStepOf<true>(keys, tile_max_out);
+    }
+    SoftmaxStepOf<false>(keys, tile_max_out);
+  }
+  // FOLDED: score_t holds the unscaled products t, s = t·scale (scale > 0, score_factor_):
+  // max_j s_j = (max_j t_j)·scale exactly (rounding is monotonic), and the exponent's
+  // argument s − m' = t·scale − m' is one FMA (rounded once instead of twice).
+  template <bool FOLDED>
+  void SoftmaxStepOf(int64_t keys, float* tile_max_out) {
     const DF d;
     float* score_t = ws_.score_t.get();
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    const VF factor = hn::Set(d, score_factor_);
+    const auto argument = [&](VF t, VF m) {
+      if constexpr (FOLDED) {
+        return hn::MulSub(t, factor, m);
+      } else {
+        return hn::Sub(t, m);
+      }
+    };
     for (int r = 0; r < QV; ++r) {
       float* column = score_t + r * kLanes;
       // Four independent max chains: one chain would wait out the latency of every max.
@@ -487,7 +512,8 @@ class TileAttention {
         max3 = hn::Max(max3, hn::Load(d, column + (j + 3) * kTq));
       }
       for (; j < keys; ++j) max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
-      const VF tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
+      VF tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
+      if constexpr (FOLDED) tile_max = hn::Mul(tile_max, factor);
       const VF old_max = hn::Load(d, ws_.row_max.get() + r * kLanes);
       const VF new_max = hn::Max(old_max, tile_max);
       // A row whose scores are all -inf so far keeps m' = -inf; use 0 as the reference
@@ -496,15 +522,15 @@ class TileAttention {
       const VF alpha = Exp2(d, hn::Sub(old_max, safe_max));
       VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);
       for (j = 0; j + 2 <= keys; j += 2) {
-        const VF prob0 = Exp2(d, hn::Sub(hn::Load(d, column + j * kTq), safe_max));
-        const VF prob1 = Exp2(d, hn::Sub(hn::Load(d, column + (j + 1) * kTq), safe_max));
+        const VF prob0 = Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max));
+        const VF prob1 = Exp2(d, argument(hn::Load(d, column + (j + 1) * kTq), safe_max));
         hn::Store(prob0, d, column + j * kTq);
         hn::Store(prob1, d, column + (j + 1) * kTq);
         sum0 = hn::Add(sum0, prob0);
         sum1 = hn::Add(sum1, prob1);
       }
       if (j < keys) {
-        const VF prob = Exp2(d, hn::Sub(hn::Load(d, column + j * kTq), safe_max));
+        const VF prob = Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max));
         hn::Store(prob, d, column + j * kTq);
         sum0 = hn::Add(sum0, prob);
       }
@@ -682,6 +708,7 @@ class TileAttention {
   const SdpaParams& p_;
   Workspace& ws_;
   float score_factor_ = 1.0f;  // bfloat16 products: scale (·log2 e) applied to the scores
+  bool fold_scale_ = false;    // bfloat16 products: score_factor_ applied in SoftmaxStep
 };
 
 }  // namespace HWY_NAMESPACE
