@@ -127,9 +127,7 @@ inline void LoadQueryPairs(const SdpaParams& p, const uint16_t* query_rows, int6
 // Whether a products struct takes its operands in the AMX tiles' layout (amx::TileOperands,
 // ws.amx: K rows and Vᵀ zero-padded to whole tiles) rather than Bf16Operands (ws.bf16).
 template <class Products>
-constexpr bool kTakesTileOperands = requires {
-  Products::kTileOperands;
-};
+constexpr bool kTakesTileOperands = requires { Products::kTileOperands; };
 
 // Per-thread scratch, allocated once per call and thread (never in the tile loops).
 struct Workspace {
@@ -147,7 +145,7 @@ struct Workspace {
   PackedOperands packed;                         // see PackKeysAndValues
   Bf16Operands bf16;                             // bfloat16 products only: see Bf16Operands
 #if ATTEND_AMX_BF16
-  amx::TileOperands amx;  // the same on AMX tiles (p.amx_tiles)
+  amx::TileOperands amx;                         // the same on AMX tiles (p.amx_tiles)
 #endif
 
   explicit Workspace(const SdpaParams& p) {
