@@ -205,6 +205,29 @@ TEST(SpatialSelfAttention, Bfloat16ImageInBfloat16Products) {
   EXPECT_GT(diff, 0.0);
 }
 
+// A contiguous bfloat16 image is read in place, widened where it is read; any other layout
+// through a float32 copy: the same bits either way (bfloat16 products or not).
+TEST(SpatialSelfAttention, Bfloat16ImageReadInPlaceGivesTheCopysBits) {
+  SpatialSelfAttention block(32, 4, {8, 1e-5}, 5);
+  const Tensor x = pseudo_random(Shape({2, 32, 9, 10}), 12);
+  Tensor x_bf16(DType::kBFloat16, x.shape());
+  convert(x.view(), x_bf16.view());
+  // The same bfloat16 image stored (N, H, W, C) and viewed as (N, C, H, W).
+  Tensor nhwc(DType::kBFloat16, Shape({2, 9, 10, 32}));
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t c = 0; c < 32; ++c)
+      for (int64_t p = 0; p < 90; ++p)
+        nhwc.data_as<uint16_t>()[(n * 90 + p) * 32 + c] =
+            x_bf16.data_as<uint16_t>()[(n * 32 + c) * 90 + p];
+  const TensorView strided(nhwc.data(), DType::kBFloat16, x.shape(),
+                           Shape({90 * 32, 1, 10 * 32, 32}));
+  const Tensor in_place = block.forward(x_bf16.view(), 2);
+  const Tensor copied = block.forward(strided, 2);
+  ASSERT_EQ(in_place.dtype(), copied.dtype());
+  ASSERT_EQ(in_place.nbytes(), copied.nbytes());
+  EXPECT_EQ(std::memcmp(in_place.data(), copied.data(), in_place.nbytes()), 0);
+}
+
 TEST(SpatialSelfAttention, RejectsBadShapes) {
   EXPECT_THROW(SpatialSelfAttention(48, 4, {32, 1e-5}), Error);  // 32 does not divide 48
   const SpatialSelfAttention block(32, 4);

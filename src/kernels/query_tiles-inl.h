@@ -388,6 +388,10 @@ class TileAttention {
   // score_rule_layer.hpp (log2 domain from here on).
   void ComputeScores(const Tile& tile, int64_t k0, int64_t keys, TileVerdict verdict) {
     if constexpr (kPairs) {
+      // Plain scores (no modification, bias or exclusion writes to them): the scale is
+      // folded into the exponent's argument instead (SoftmaxStep), one multiply per score less.
+      fold_scale_ = p_.bf16_products() && !has_score_mods(p_) && tile.bias == nullptr &&
+                    !may_exclude(p_) && score_factor_ > 0.0f && std::isfinite(score_factor_);
       ComputeScoresPairs(k0, keys);
     } else {
       ComputeScoresF32(tile, k0, keys);
@@ -414,16 +418,22 @@ class TileAttention {
       ScoreBlock<QV, kScoreKeys>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
                                  score_t + j * kTq);
     }
+    const auto block = [&](auto keys_tag) {
+      ScoreBlock<QV, decltype(keys_tag)::value>(ws_.query_t.get(), key + j * key_stride, key_stride,
+                                                p_.head_dim, score_t + j * kTq);
+    };
     if constexpr (kScoreKeys > 4) {
-      for (; j + 4 <= keys; j += 4) {
-        ScoreBlock<QV, 4>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
-                          score_t + j * kTq);
-      }
+      for (; j + 4 <= keys; j += 4) block(std::integral_constant<int, 4>{});
     }
-    for (; j < keys; ++j) {
-      ScoreBlock<QV, 1>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
-                        score_t + j * kTq);
+    // The last 2 or 3 keys (128 = 21·6 + 2 at QV = 4) in one block: a key at a time, QV
+    // chains would wait out the FMA latency at every step (4 where 8 keep both FMA ports busy).
+    if constexpr (3 * QV <= kAccumulators) {
+      if (keys - j == 3) return block(std::integral_constant<int, 3>{});
     }
+    if constexpr (2 * QV <= kAccumulators) {
+      if (keys - j == 2) return block(std::integral_constant<int, 2>{});
+    }
+    for (; j < keys; ++j) block(std::integral_constant<int, 1>{});
   }
 
   // The same with bfloat16 products: K from the span packed in ws_.bf16 (ws_.amx), the scale
@@ -431,7 +441,8 @@ class TileAttention {
   void ComputeScoresPairs(int64_t k0, int64_t keys) {
     const int64_t pairs = PairsOf(p_.head_dim);
     Products::Product(keys, QV, pairs, KeyPairs(k0), PairsB{QueryPairs(), kTq},
-                      PairsC{ws_.score_t.get(), kTq, PairStart::kZero, nullptr, score_factor_});
+                      PairsC{ws_.score_t.get(), kTq, PairStart::kZero, nullptr,
+                             fold_scale_ ? 1.0f : score_factor_});
   }
 
   // The bfloat16 operands: Q's pairs of the tile, P's pairs of the key tile, and K's and V's
@@ -477,9 +488,27 @@ class TileAttention {
   // probabilities 2^(s − m') in place, l' = α·l + Σ p.
   // Stores the reference point m' (0 for rows still at -inf) in tile_max when not null.
   void SoftmaxStep(int64_t keys, float* tile_max_out) {
+    if constexpr (kPairs) {
+      if (fold_scale_) return SoftmaxStepOf<true>(keys, tile_max_out);
+    }
+    SoftmaxStepOf<false>(keys, tile_max_out);
+  }
+  // FOLDED: score_t holds the unscaled products t, s = t·scale (scale > 0, score_factor_):
+  // max_j s_j = (max_j t_j)·scale exactly (rounding is monotonic), and the exponent's
+  // argument s − m' = t·scale − m' is one FMA (rounded once instead of twice).
+  template <bool FOLDED>
+  void SoftmaxStepOf(int64_t keys, float* tile_max_out) {
     const DF d;
     float* score_t = ws_.score_t.get();
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    const VF factor = hn::Set(d, score_factor_);
+    const auto argument = [&](VF t, VF m) {
+      if constexpr (FOLDED) {
+        return hn::MulSub(t, factor, m);
+      } else {
+        return hn::Sub(t, m);
+      }
+    };
     for (int r = 0; r < QV; ++r) {
       float* column = score_t + r * kLanes;
       // Four independent max chains: one chain would wait out the latency of every max.
@@ -492,7 +521,8 @@ class TileAttention {
         max3 = hn::Max(max3, hn::Load(d, column + (j + 3) * kTq));
       }
       for (; j < keys; ++j) max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
-      const VF tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
+      VF tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
+      if constexpr (FOLDED) tile_max = hn::Mul(tile_max, factor);
       const VF old_max = hn::Load(d, ws_.row_max.get() + r * kLanes);
       const VF new_max = hn::Max(old_max, tile_max);
       // A row whose scores are all -inf so far keeps m' = -inf; use 0 as the reference
@@ -501,15 +531,15 @@ class TileAttention {
       const VF alpha = Exp2(d, hn::Sub(old_max, safe_max));
       VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);
       for (j = 0; j + 2 <= keys; j += 2) {
-        const VF prob0 = Exp2(d, hn::Sub(hn::Load(d, column + j * kTq), safe_max));
-        const VF prob1 = Exp2(d, hn::Sub(hn::Load(d, column + (j + 1) * kTq), safe_max));
+        const VF prob0 = Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max));
+        const VF prob1 = Exp2(d, argument(hn::Load(d, column + (j + 1) * kTq), safe_max));
         hn::Store(prob0, d, column + j * kTq);
         hn::Store(prob1, d, column + (j + 1) * kTq);
         sum0 = hn::Add(sum0, prob0);
         sum1 = hn::Add(sum1, prob1);
       }
       if (j < keys) {
-        const VF prob = Exp2(d, hn::Sub(hn::Load(d, column + j * kTq), safe_max));
+        const VF prob = Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max));
         hn::Store(prob, d, column + j * kTq);
         sum0 = hn::Add(sum0, prob);
       }
@@ -687,6 +717,7 @@ class TileAttention {
   const SdpaParams& p_;
   Workspace& ws_;
   float score_factor_ = 1.0f;  // bfloat16 products: scale (·log2 e) applied to the scores
+  bool fold_scale_ = false;    // bfloat16 products: score_factor_ applied in SoftmaxStep
 };
 
 }  // namespace HWY_NAMESPACE

@@ -12,6 +12,7 @@
 #include "attend/error.hpp"
 #include "attend/runtime.hpp"
 #include "boundary/operands.hpp"
+#include "half.hpp"
 #include "kernels/gemm.hpp"
 #include "multihead/parameter_init.hpp"
 
@@ -60,6 +61,14 @@ const float* float32_image(const char* who, const TensorView& x, int64_t channel
   return copy->data_as<const float>();
 }
 
+// An input element as float32 (exact).
+float widened(float x) { return x; }
+float widened(uint16_t x) { return detail::f32_from_bf16(x); }
+
+// x as stored in an element of `dst`: float32 as it is, bfloat16 rounded as convert rounds.
+float rounded_to(const float*, float x) { return x; }
+uint16_t rounded_to(const uint16_t*, float x) { return detail::bf16_from_f32(x); }
+
 }  // namespace
 
 SpatialSelfAttention::SpatialSelfAttention(int64_t channels, int64_t num_heads,
@@ -81,98 +90,117 @@ SpatialSelfAttention::SpatialSelfAttention(int64_t channels, int64_t num_heads,
 }
 
 Tensor SpatialSelfAttention::forward(const TensorView& x, int num_threads) const {
+  check_image("SpatialSelfAttention", x, channels_);
+  // The image as `in`: a contiguous bfloat16 one read in place (widened exactly where it is
+  // read: widened()), any other through a contiguous float32 copy (float32_image).
+  const auto run = [&](const auto* in) -> Tensor {
+    const int64_t N = x.shape[0], C = channels_, pixels = x.shape[2] * x.shape[3];
+    const int threads = num_threads > 0 ? num_threads : default_num_threads();
+
+    // 1. GroupNorm (statistics in float64), written transposed: tokens (N, H·W, C). Each
+    // group's sums are taken by one thread in one order, so the bits do not depend on the
+    // thread count.
+    const int64_t groups = std::max<int64_t>(options_.group_norm_groups, 1);
+    const int64_t group_channels = C / groups;
+    const bool normalize = options_.group_norm_groups > 0;
+    // Per (n, c): the group's mean and weight_c / std of the group.
+    std::vector<double> mean(static_cast<size_t>(N * C), 0.0),
+        scale(static_cast<size_t>(N * C), 1.0);
+    if (normalize) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t ng = 0; ng < N * groups; ++ng) {
+        const auto* group = in + ng * group_channels * pixels;  // (n, first channel, 0)
+        double sum = 0, sum_squares = 0;
+        for (int64_t k = 0; k < group_channels * pixels; ++k) {
+          const double value = widened(group[k]);
+          sum += value;
+          sum_squares += value * value;
+        }
+        const auto count = static_cast<double>(group_channels * pixels);
+        const double group_mean = sum / count;
+        const double variance = std::max(0.0, sum_squares / count - group_mean * group_mean);
+        const double inverse_std = 1.0 / std::sqrt(variance + options_.eps);
+        for (int64_t k = 0; k < group_channels; ++k) {
+          const int64_t c = (ng % groups) * group_channels + k;  // channel within the image
+          mean[static_cast<size_t>(ng * group_channels + k)] = group_mean;
+          scale[static_cast<size_t>(ng * group_channels + k)] =
+              norm_weight_.data_as<float>()[c] * inverse_std;
+        }
+      }
+    }
+    // 2. below takes a bfloat16 input in bfloat16 products where the CPU has them: the tokens
+    // are then written rounded to bfloat16 here (bf16_from_f32, as convert rounds), without a
+    // float32 copy in between.
+    const bool bf16 = detail::wants_bf16_products(x.dtype, ComputePrecision::kAuto);
+    Tensor tokens(bf16 ? DType::kBFloat16 : DType::kFloat32, Shape({N, pixels, C}));
+    // Blocks of kPixelBlock pixels: the block's C·kPixelBlock floats (32 KiB at C = 128) stay
+    // in L1 while they are written transposed, and every channel's pixels are read in order.
+    constexpr int64_t kPixelBlock = 64;
+    const int64_t blocks = (pixels + kPixelBlock - 1) / kPixelBlock;
+    // tokens(n, p, c) = the normalized x(n, c, p), into float32 or bfloat16 (dst).
+    const auto write_tokens = [&](auto* dst) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t nb = 0; nb < N * blocks; ++nb) {
+        const int64_t n = nb / blocks, p0 = (nb % blocks) * kPixelBlock;
+        const int64_t p1 = std::min(pixels, p0 + kPixelBlock);
+        for (int64_t c = 0; c < C; ++c) {
+          const double channel_mean = mean[static_cast<size_t>(n * C + c)];
+          const double channel_scale = scale[static_cast<size_t>(n * C + c)];
+          const double shift = normalize ? norm_bias_.data_as<float>()[c] : 0.0;
+          const auto* source = in + (n * C + c) * pixels;
+          for (int64_t p = p0; p < p1; ++p) {
+            dst[(n * pixels + p) * C + c] = rounded_to(
+                dst,
+                static_cast<float>((widened(source[p]) - channel_mean) * channel_scale + shift));
+          }
+        }
+      }
+    };
+    if (bf16) {
+      write_tokens(tokens.data_as<uint16_t>());
+    } else {
+      write_tokens(tokens.data_as<float>());
+    }
+
+    // 2. Self-attention over the H·W tokens (bfloat16 tokens: bfloat16 products, the
+    // attention's output kept in float32 for the residual).
+    MultiHeadForwardOptions attend_options;
+    attend_options.need_weights = false;
+    attend_options.num_threads = num_threads;
+    attend_options.float32_output = bf16;
+    const TensorView t = tokens.view();
+    const Tensor attended = attention_.forward(t, t, t, attend_options).output;
+
+    // 3. Back to (N, C, H, W) and the residual: out(n, c, p) = x(n, c, p) + attended(n, p, c),
+    // in the same pixel blocks; a bfloat16 input gets it rounded to bfloat16 as it is written.
+    Tensor out(bf16 ? DType::kBFloat16 : DType::kFloat32, x.shape);
+    const float* a = attended.data_as<float>();
+    // out(n, c, p) into float32 or bfloat16 (o).
+    const auto write_out = [&](auto* o) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t nb = 0; nb < N * blocks; ++nb) {
+        const int64_t n = nb / blocks, p0 = (nb % blocks) * kPixelBlock;
+        const int64_t p1 = std::min(pixels, p0 + kPixelBlock);
+        for (int64_t c = 0; c < C; ++c) {
+          for (int64_t p = p0; p < p1; ++p) {
+            o[(n * C + c) * pixels + p] =
+                rounded_to(o, widened(in[(n * C + c) * pixels + p]) + a[(n * pixels + p) * C + c]);
+          }
+        }
+      }
+    };
+    if (bf16) {
+      write_out(out.data_as<uint16_t>());
+    } else {
+      write_out(out.data_as<float>());
+    }
+    return out;
+  };
+  if (x.dtype == DType::kBFloat16 && x.is_contiguous() && x.data != nullptr) {
+    return run(x.data_as<const uint16_t>());
+  }
   std::optional<Tensor> copy;  // only when x is not contiguous float32 already
-  const float* in = float32_image("SpatialSelfAttention", x, channels_, copy);
-  const int64_t N = x.shape[0], C = channels_, pixels = x.shape[2] * x.shape[3];
-  const int threads = num_threads > 0 ? num_threads : default_num_threads();
-
-  // 1. GroupNorm (statistics in float64), written transposed: tokens (N, H·W, C). Each
-  // group's sums are taken by one thread in one order, so the bits do not depend on the
-  // thread count.
-  const int64_t groups = std::max<int64_t>(options_.group_norm_groups, 1);
-  const int64_t group_channels = C / groups;
-  const bool normalize = options_.group_norm_groups > 0;
-  // Per (n, c): the group's mean and weight_c / std of the group.
-  std::vector<double> mean(static_cast<size_t>(N * C), 0.0), scale(static_cast<size_t>(N * C), 1.0);
-  if (normalize) {
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t ng = 0; ng < N * groups; ++ng) {
-      const float* group = in + ng * group_channels * pixels;  // (n, first channel, 0)
-      double sum = 0, sum_squares = 0;
-      for (int64_t k = 0; k < group_channels * pixels; ++k) {
-        const double value = group[k];
-        sum += value;
-        sum_squares += value * value;
-      }
-      const auto count = static_cast<double>(group_channels * pixels);
-      const double group_mean = sum / count;
-      const double variance = std::max(0.0, sum_squares / count - group_mean * group_mean);
-      const double inverse_std = 1.0 / std::sqrt(variance + options_.eps);
-      for (int64_t k = 0; k < group_channels; ++k) {
-        const int64_t c = (ng % groups) * group_channels + k;  // channel within the image
-        mean[static_cast<size_t>(ng * group_channels + k)] = group_mean;
-        scale[static_cast<size_t>(ng * group_channels + k)] =
-            norm_weight_.data_as<float>()[c] * inverse_std;
-      }
-    }
-  }
-  Tensor tokens(DType::kFloat32, Shape({N, pixels, C}));
-  float* token_data = tokens.data_as<float>();
-  // Blocks of kPixelBlock pixels: the block's C·kPixelBlock floats (32 KiB at C = 128) stay
-  // in L1 while they are written transposed, and every channel's pixels are read in order.
-  constexpr int64_t kPixelBlock = 64;
-  const int64_t blocks = (pixels + kPixelBlock - 1) / kPixelBlock;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t nb = 0; nb < N * blocks; ++nb) {
-    const int64_t n = nb / blocks, p0 = (nb % blocks) * kPixelBlock;
-    const int64_t p1 = std::min(pixels, p0 + kPixelBlock);
-    for (int64_t c = 0; c < C; ++c) {
-      const double channel_mean = mean[static_cast<size_t>(n * C + c)];
-      const double channel_scale = scale[static_cast<size_t>(n * C + c)];
-      const double shift = normalize ? norm_bias_.data_as<float>()[c] : 0.0;
-      const float* source = in + (n * C + c) * pixels;
-      for (int64_t p = p0; p < p1; ++p) {
-        token_data[(n * pixels + p) * C + c] =
-            static_cast<float>((source[p] - channel_mean) * channel_scale + shift);
-      }
-    }
-  }
-
-  // 2. Self-attention over the H·W tokens; a bfloat16 input in bfloat16 products where the
-  // CPU has them (the tokens rounded to bfloat16, the attention's output kept in float32 for
-  // the residual).
-  MultiHeadForwardOptions attend_options;
-  attend_options.need_weights = false;
-  attend_options.num_threads = num_threads;
-  const bool bf16 = detail::wants_bf16_products(x.dtype, ComputePrecision::kAuto);
-  Tensor tokens_bf16;
-  if (bf16) {
-    tokens_bf16 = Tensor(DType::kBFloat16, tokens.shape());
-    convert(tokens.view(), tokens_bf16.view());
-    attend_options.float32_output = true;
-  }
-  const TensorView t = bf16 ? tokens_bf16.view() : tokens.view();
-  const Tensor attended = attention_.forward(t, t, t, attend_options).output;
-
-  // 3. Back to (N, C, H, W) and the residual: out(n, c, p) = x(n, c, p) + attended(n, p, c),
-  // in the same pixel blocks.
-  Tensor out(DType::kFloat32, x.shape);
-  const float* a = attended.data_as<float>();
-  float* o = out.data_as<float>();
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t nb = 0; nb < N * blocks; ++nb) {
-    const int64_t n = nb / blocks, p0 = (nb % blocks) * kPixelBlock;
-    const int64_t p1 = std::min(pixels, p0 + kPixelBlock);
-    for (int64_t c = 0; c < C; ++c) {
-      for (int64_t p = p0; p < p1; ++p) {
-        o[(n * C + c) * pixels + p] = in[(n * C + c) * pixels + p] + a[(n * pixels + p) * C + c];
-      }
-    }
-  }
-  if (!bf16) return out;
-  Tensor rounded(DType::kBFloat16, x.shape);
-  convert(out.view(), rounded.view());
-  return rounded;
+  return run(float32_image("SpatialSelfAttention", x, channels_, copy));
 }
 
 PatchEmbedding::PatchEmbedding(int64_t in_channels, int64_t patch_size, int64_t embed_dim,
