@@ -8,6 +8,7 @@ views of the C++ memory.
 """
 
 import collections
+import sys
 
 import numpy as np
 
@@ -100,8 +101,9 @@ class MultiheadAttention(_Base):
                         view.__array_interface__["data"][0])
                        for name, view in self._views.items()]
         # For attend._attend.multihead_call, which checks each parameter is in C++ memory.
-        self._call_slots = tuple((in_out_proj, key, address) for _, in_out_proj, key, address
-                                 in self._slots) if torch is not None else ()
+        self._call_slots = tuple((in_out_proj, sys.intern(key), address)
+                                 for _, in_out_proj, key, address in self._slots) \
+            if torch is not None else ()
         if torch is not None:
             self._register_shared_parameters()
         else:
