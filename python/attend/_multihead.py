@@ -31,6 +31,11 @@ if torch is not None:
                           if name.startswith("_global_") and isinstance(value, dict) and
                           ("forward" in name or "backward" in name))
     _COMPILABLE = hasattr(torch.nn.Module, "compile")
+    # The hook tables of an instance that the C __call__ looks at, those this torch has.
+    _HOOK_ATTRIBUTES = tuple(
+        name for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                          "_backward_pre_hooks") if name in vars(torch.nn.Module())) + \
+        (("_compiled_call_impl",) if _COMPILABLE else ())
 
 
 def _swap_batch(x):
@@ -394,7 +399,8 @@ class MultiheadAttention(_Base):
 
 MultiheadAttention._call = MultiheadAttention.__call__
 if torch is not None:
-    _attend._install_multihead_call(MultiheadAttention, MultiheadAttention._call, _GLOBAL_HOOKS)
+    _attend._install_multihead_call(MultiheadAttention, MultiheadAttention._call, _GLOBAL_HOOKS,
+                                    _HOOK_ATTRIBUTES)
 
 
 def _same_view(a, b):

@@ -44,6 +44,20 @@ class FastcallNames {
   std::vector<PyObject*> names_;  // interned
 };
 
+// The C++ object of a Python object of a pybind11-bound class T, for the per-call entries:
+// an object of exactly T's bound type is read directly (pybind11's cast looks the type up in
+// a table, about a tenth of a microsecond); anything else goes through the cast, which
+// raises for an object that holds no T.
+template <typename T>
+T& cpp_object(PyObject* object) {
+  static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<T>().ptr());
+  if (Py_TYPE(object) == type) {
+    auto* instance = reinterpret_cast<py::detail::instance*>(object);
+    if (void* value = instance->get_value_and_holder().value_ptr()) return *static_cast<T*>(value);
+  }
+  return py::handle(object).cast<T&>();
+}
+
 // `method` (static storage) as a method of the class `cls`, called without pybind11's
 // dispatcher: a method descriptor, replacing any attribute of that name.
 void add_method(py::handle cls, PyMethodDef* method);

@@ -4,6 +4,7 @@
 // any Python; every other call goes to the Python __call__ (attend/_multihead.py, _call).
 #include <pybind11/pybind11.h>
 
+#include <string>
 #include <vector>
 
 #include "arrays.hpp"
@@ -13,19 +14,6 @@
 
 namespace attend_python {
 namespace {
-
-// The C++ module of a MultiHeadAttention object: pybind11's cast looks the type up in a
-// table (a tenth of a microsecond); an object of exactly the bound type is read directly.
-const attend::MultiHeadAttention& module_of(PyObject* object) {
-  static PyTypeObject* const type =
-      reinterpret_cast<PyTypeObject*>(py::type::of<attend::MultiHeadAttention>().ptr());
-  if (Py_TYPE(object) == type) {
-    void* value =
-        reinterpret_cast<py::detail::instance*>(object)->get_value_and_holder().value_ptr();
-    if (value != nullptr) return *static_cast<const attend::MultiHeadAttention*>(value);
-  }
-  return py::handle(object).cast<const attend::MultiHeadAttention&>();  // or raises
-}
 
 // The call, or NotImplemented (a new reference), computing nothing, where
 // MultiheadAttention.forward must decide: a torch input or parameter requires grad in grad
@@ -37,7 +25,7 @@ PyObject* common_call(PyObject* module_object, PyObject* parameters_table,
                       PyObject* out_proj_table, PyObject* slots, PyObject* query, PyObject* key,
                       PyObject* value, bool need_weights, bool average, bool causal,
                       bool batch_first) {
-  const attend::MultiHeadAttention& module = module_of(module_object);
+  const auto& module = cpp_object<attend::MultiHeadAttention>(module_object);
   const Py_ssize_t parameters = PyTuple_Size(slots);
   if (parameters < 0) throw py::error_already_set();
   const bool grad = parameters > 0 && torch_grad_enabled();
@@ -100,7 +88,7 @@ struct ModuleCall {
   PyObject* fallback = nullptr;  // its Python __call__, MultiheadAttention._call
   PyObject* global_hooks = nullptr;  // torch.nn.modules.module's _global_*hooks dicts
   // Instance attributes (interned): hooks nn.Module.__call__ would run, then the state.
-  PyObject* hook_names[5] = {};
+  std::vector<PyObject*> hook_names;
   PyObject *dropout, *training, *cpp, *parameters, *modules, *out_proj, *call_slots,
       *batch_first;
 };
@@ -203,16 +191,20 @@ PyMethodDef module_call_method = {
     "through nn.Module.__call__ where a hook is registered; the common call (no masks, no "
     "dropout, no gradient) in one C call"};
 
-// install_multihead_call(cls, fallback, global_hooks): cls.__call__ becomes module_call.
-void install_multihead_call(py::handle cls, py::handle fallback, py::tuple global_hooks) {
+// install_multihead_call(cls, fallback, global_hooks, hook_attributes): cls.__call__ becomes
+// module_call. hook_attributes: the names of an instance's hook tables this torch has (a call
+// goes to the Python __call__ while one is neither missing, None nor empty).
+void install_multihead_call(py::handle cls, py::handle fallback, py::tuple global_hooks,
+                            py::tuple hook_attributes) {
   if (!PyType_Check(cls.ptr())) throw attend::Error("install_multihead_call: not a class");
   auto* c = g_call != nullptr ? g_call : new ModuleCall;
   c->cls = reinterpret_cast<PyTypeObject*>(cls.inc_ref().ptr());
   c->fallback = fallback.inc_ref().ptr();
   c->global_hooks = global_hooks.inc_ref().ptr();
-  const char* hooks[] = {"_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                         "_backward_pre_hooks", "_compiled_call_impl"};
-  for (int i = 0; i < 5; ++i) c->hook_names[i] = intern(hooks[i]);
+  c->hook_names.clear();
+  for (py::handle name : hook_attributes) {
+    c->hook_names.push_back(intern(py::str(name).cast<std::string>().c_str()));
+  }
   c->dropout = intern("dropout");
   c->training = intern("training");
   c->cpp = intern("_cpp");
