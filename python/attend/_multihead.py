@@ -8,6 +8,7 @@ views of the C++ memory.
 """
 
 import collections
+import sys
 
 import numpy as np
 
@@ -30,6 +31,11 @@ if torch is not None:
                           if name.startswith("_global_") and isinstance(value, dict) and
                           ("forward" in name or "backward" in name))
     _COMPILABLE = hasattr(torch.nn.Module, "compile")
+    # The hook tables of an instance that the C __call__ looks at, those this torch has.
+    _HOOK_ATTRIBUTES = tuple(
+        name for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                          "_backward_pre_hooks") if name in vars(torch.nn.Module())) + \
+        (("_compiled_call_impl",) if _COMPILABLE else ())
 
 
 def _swap_batch(x):
@@ -100,8 +106,9 @@ class MultiheadAttention(_Base):
                         view.__array_interface__["data"][0])
                        for name, view in self._views.items()]
         # For attend._attend.multihead_call, which checks each parameter is in C++ memory.
-        self._call_slots = tuple((in_out_proj, key, address) for _, in_out_proj, key, address
-                                 in self._slots) if torch is not None else ()
+        self._call_slots = tuple((in_out_proj, sys.intern(key), address)
+                                 for _, in_out_proj, key, address in self._slots) \
+            if torch is not None else ()
         if torch is not None:
             self._register_shared_parameters()
         else:
@@ -249,7 +256,10 @@ class MultiheadAttention(_Base):
                  attn_mask=None, average_attn_weights=True, is_causal=False):
         """module(...) is forward(...), nn.Module.__call__ (hooks, tracing) only where one of
         them is there: its bookkeeping is a third of a small call's cost. The common call (no
-        masks, no dropout, no gradient) is one C call (attend._attend.multihead_call)."""
+        masks, no dropout, no gradient) is one C call (attend._attend.multihead_call). With
+        torch, this method is replaced by a C one (attend._attend._install_multihead_call,
+        see python/src/multihead_call.cpp) that makes the common call without running Python
+        and calls this one, _call, for every other."""
         if torch is None:
             own = out_proj = None
         else:
@@ -264,7 +274,8 @@ class MultiheadAttention(_Base):
                                       is_causal=is_causal)
             own, out_proj = state["_parameters"], state["_modules"]["out_proj"]._parameters
         if key_padding_mask is None and attn_mask is None and \
-                not (self.dropout and self.training):
+                not (self.dropout and self.training) and \
+                type(self).forward is MultiheadAttention.forward:  # else a subclass's forward
             result = _multihead_call(self._cpp, own, out_proj, self._call_slots, query, key,
                                      value, need_weights, average_attn_weights, is_causal,
                                      self.batch_first)
@@ -384,6 +395,12 @@ class MultiheadAttention(_Base):
             output = output[0]
             weights = None if weights is None else weights[0]
         return output, weights
+
+
+MultiheadAttention._call = MultiheadAttention.__call__
+if torch is not None:
+    _attend._install_multihead_call(MultiheadAttention, MultiheadAttention._call, _GLOBAL_HOOKS,
+                                    _HOOK_ATTRIBUTES)
 
 
 def _same_view(a, b):

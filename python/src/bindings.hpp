@@ -7,6 +7,10 @@
 #include <initializer_list>
 #include <vector>
 
+namespace attend {
+class MultiHeadAttention;
+}
+
 namespace attend_python {
 
 namespace py = pybind11;
@@ -40,12 +44,38 @@ class FastcallNames {
   std::vector<PyObject*> names_;  // interned
 };
 
+// The C++ object of a Python object of a pybind11-bound class T, for the per-call entries:
+// an object of exactly T's bound type is read directly (pybind11's cast looks the type up in
+// a table, about a tenth of a microsecond); anything else goes through the cast, which
+// raises for an object that holds no T.
+template <typename T>
+T& cpp_object(PyObject* object) {
+  static PyTypeObject* const type = reinterpret_cast<PyTypeObject*>(py::type::of<T>().ptr());
+  if (Py_TYPE(object) == type) {
+    auto* instance = reinterpret_cast<py::detail::instance*>(object);
+    if (void* value = instance->get_value_and_holder().value_ptr()) return *static_cast<T*>(value);
+  }
+  return py::handle(object).cast<T&>();
+}
+
 // `method` (static storage) as a method of the class `cls`, called without pybind11's
 // dispatcher: a method descriptor, replacing any attribute of that name.
 void add_method(py::handle cls, PyMethodDef* method);
 
+// A MultiHeadAttention forward (module_bindings.cpp) -> (output, weights or None, tape or None).
+// query (N, L, E) (or (L, N, E) with sequence_first, read as (N, L, E) in place, the output
+// returned so) or unbatched (L, E); key (N, S, kdim), value (N, S, vdim); masks already with
+// attend's polarity (nonzero keeps), or None. A key or value that is the query object is read
+// as the same view (self-attention: one projection GEMM).
+py::tuple multihead_forward(const attend::MultiHeadAttention& module, py::handle query,
+                            py::handle key, py::handle value, py::handle key_padding_mask,
+                            py::handle attn_mask, bool causal, bool need_weights, bool average,
+                            double dropout, uint64_t seed, int num_threads, bool want_tape,
+                            bool sequence_first = false);
+
 void bind_sdpa(py::module_& m);
 void bind_modules(py::module_& m);
+void bind_multihead_call(py::module_& m);
 void bind_serving(py::module_& m);
 
 }  // namespace attend_python

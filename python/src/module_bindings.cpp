@@ -79,14 +79,14 @@ TensorView swap_leading_axes(TensorView view) {
   return view;
 }
 
-// forward(query, key, value, key_padding_mask, attn_mask, causal, need_weights, average,
-// dropout, seed, num_threads, want_tape) -> (output, weights or None, Tape or None)
-// sequence_first: the inputs are (L, N, E) (batch_first=False), the output is returned so.
+}  // namespace
+
+// See bindings.hpp.
 py::tuple multihead_forward(const attend::MultiHeadAttention& module, py::handle query,
                             py::handle key, py::handle value, py::handle key_padding_mask,
                             py::handle attn_mask, bool causal, bool need_weights, bool average,
                             double dropout, uint64_t seed, int num_threads, bool want_tape,
-                            bool sequence_first = false) {
+                            bool sequence_first) {
   // One borrow per distinct object, so that self-attention is seen as such (one view).
   const Borrowed q_own = borrow(query, "query");
   std::optional<Borrowed> k_own, v_own;
@@ -111,6 +111,8 @@ py::tuple multihead_forward(const attend::MultiHeadAttention& module, py::handle
   return py::make_tuple(to_python(std::move(result.output), q_own.kind, std::nullopt, swap),
                         to_python_or_none(std::move(result.weights), q_own.kind), tape_object);
 }
+
+namespace {
 
 // backward(grad_output, query, key, value, tape, key_padding_mask, attn_mask, causal,
 // dropout, seed, num_threads) -> (d_query, d_key or None, d_value or None, {name: d_param})
@@ -164,58 +166,6 @@ PyObject* multihead_forward_fastcall(PyObject*, PyObject* const* args, Py_ssize_
   }
 }
 
-// multihead_call(module, parameters, out_proj_parameters, slots, query, key, value,
-// need_weights, average, is_causal, batch_first) -> (output, weights or None), or
-// NotImplemented, computing nothing, where attend.MultiheadAttention.forward must decide:
-// a torch input or parameter requires grad in grad mode, or a parameter is not the one in
-// the C++ memory (replaced, or its .data re-pointed). `slots` is a tuple of (in_out_proj,
-// key, address): the parameter parameters[key] (or out_proj_parameters[key]) must have
-// data_ptr() == address. The common inference call of the module in one C call: no masks,
-// no dropout (the caller checks).
-PyObject* multihead_call_fastcall(PyObject*, PyObject* const* args, Py_ssize_t count) {
-  try {
-    if (count != 11) throw attend::Error("internal: multihead_call takes 11 arguments");
-    const auto& module = py::handle(args[0]).cast<const attend::MultiHeadAttention&>();
-    PyObject* const slots = args[3];
-    const Py_ssize_t parameters = PyTuple_Size(slots);
-    if (parameters < 0) throw py::error_already_set();
-    const bool grad = parameters > 0 && torch_grad_enabled();
-    for (Py_ssize_t i = 0; i < parameters; ++i) {
-      PyObject* slot = PyTuple_GET_ITEM(slots, i);
-      PyObject* table = args[PyTuple_GET_ITEM(slot, 0) == Py_True ? 2 : 1];
-      PyObject* p = PyDict_GetItemWithError(table, PyTuple_GET_ITEM(slot, 1));  // borrowed
-      if (p == nullptr && PyErr_Occurred()) throw py::error_already_set();
-      if (p == nullptr || !is_torch_tensor(p)) Py_RETURN_NOTIMPLEMENTED;
-      if (torch_data_ptr(p) != PyLong_AsVoidPtr(PyTuple_GET_ITEM(slot, 2)) ||
-          (grad && requires_grad(p))) {
-        Py_RETURN_NOTIMPLEMENTED;
-      }
-    }
-    if (grad) {
-      for (int i = 4; i < 7; ++i) {
-        if (is_torch_tensor(args[i]) && requires_grad(args[i])) Py_RETURN_NOTIMPLEMENTED;
-      }
-    }
-    const auto flag = [&](int i) { return PyObject_IsTrue(args[i]) == 1; };
-    const py::handle none = Py_None;
-    const py::tuple result = multihead_forward(module, args[4], args[5], args[6], none, none,
-                                               flag(9), flag(7), flag(8), 0.0, 0, 0, false,
-                                               !flag(10));
-    return PyTuple_Pack(2, PyTuple_GET_ITEM(result.ptr(), 0), PyTuple_GET_ITEM(result.ptr(), 1));
-  } catch (...) {
-    set_python_error(std::current_exception());
-    return nullptr;
-  }
-}
-
-PyMethodDef multihead_call_method = {
-    "multihead_call",
-    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(multihead_call_fastcall)),
-    METH_FASTCALL,
-    "multihead_call(module, parameters, out_proj_parameters, slots, query, key, value, "
-    "need_weights, average, is_causal, batch_first) -> (output, weights or None) or "
-    "NotImplemented: see module_bindings.cpp"};
-
 PyMethodDef multihead_forward_method = {
     "multihead_forward",
     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(multihead_forward_fastcall)),
@@ -229,8 +179,7 @@ PyMethodDef multihead_forward_method = {
 void bind_modules(py::module_& m) {
   m.attr("multihead_forward") =
       py::reinterpret_steal<py::object>(PyCFunction_New(&multihead_forward_method, nullptr));
-  m.attr("multihead_call") =
-      py::reinterpret_steal<py::object>(PyCFunction_New(&multihead_call_method, nullptr));
+  bind_multihead_call(m);
   py::class_<Tape>(m, "MultiHeadTape");
 
   py::class_<attend::MultiHeadAttention>(m, "MultiHeadAttention")

@@ -347,7 +347,7 @@ PyObject* plan_run_fastcall(PyObject* self, PyObject* const* args, size_t nargsf
   PyObject* a[5];
   if (!names.sort_or_raise("AttentionPlan.run", args, nargsf, kwnames, 4, 4, a)) return nullptr;
   try {
-    plan_run(py::handle(self).cast<const Plan&>(), a[0], a[1], a[2], a[3],
+    plan_run(cpp_object<Plan>(self), a[0], a[1], a[2], a[3],
              a[4] != nullptr ? a[4] : Py_None);
   } catch (...) {
     set_python_error(std::current_exception());
@@ -407,7 +407,7 @@ class BoundPlan {
 // BoundPlan.__call__() without pybind11's dispatcher.
 PyObject* bound_plan_call(PyObject* self, PyObject*) {
   try {
-    py::handle(self).cast<BoundPlan&>().run();
+    cpp_object<BoundPlan>(self).run();
   } catch (...) {
     set_python_error(std::current_exception());
     return nullptr;

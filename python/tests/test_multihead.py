@@ -315,3 +315,73 @@ def test_the_common_call_sees_replaced_memory_and_hooks(generator):
         finally:
             handle.remove()
         assert seen == ["MultiheadAttention"]
+
+
+def test_the_c_call_is_the_python_call(generator):
+    """MultiheadAttention.__call__ is a C method (python/src/multihead_call.cpp) that makes the
+    common call without Python and hands every other to the Python one (_call): both give
+    the same results, bit for bit, on each route; hooks on the module, masks, dropout in
+    training, gradients, a subclass and wrong arguments take the Python one."""
+    assert type(attend.MultiheadAttention.__dict__["__call__"]).__name__ == "method_descriptor"
+    for batch_first, kind, unbatched in itertools.product([False, True],
+                                                          ["self", "memory", "distinct"],
+                                                          [False, True]):
+        module = torch_module(generator, kdim=None if kind == "self" else 24,
+                              vdim={"self": None, "memory": 24, "distinct": 16}[kind],
+                              batch_first=batch_first)
+        ours = attend.MultiheadAttention.from_torch(module)
+        q, k, v = inputs(generator, kind, 2, 3, 5, module.kdim, module.vdim, batch_first)
+        if unbatched:
+            q, k, v = (t[0] if batch_first else t[:, 0] for t in (q, k, v))
+            if kind == "self":
+                k = v = q
+        mask = torch.rand(3, 5 if kind != "self" else 3, generator=generator) > 0.8
+        mask[:, 0] = False
+        calls = [((q, k, v), {}), ((q, k, v), {"need_weights": False}),
+                 ((q, k, v, None, True, None, False), {}), ((q, k, v), {"is_causal": True}),
+                 ((q,), {"key": k, "value": v, "average_attn_weights": False}),
+                 ((q, k, v), {"attn_mask": mask})]
+        with torch.no_grad():
+            for args, kwargs in calls:
+                got, expected = ours(*args, **kwargs), ours._call(*args, **kwargs)
+                for a, b in zip(got, expected):
+                    assert (a is None) == (b is None)
+                    if a is not None:
+                        assert torch.equal(a, b), (batch_first, kind, unbatched, kwargs)
+    # NumPy inputs, a subclass and gradients: the Python route, same results.
+    x = torch.rand(2, 3, E, generator=generator)
+    module = torch_module(generator, batch_first=True)
+    ours = attend.MultiheadAttention.from_torch(module)
+    with torch.no_grad():
+        expected = ours._call(x, x, x)[0]
+        assert np.array_equal(ours(x.numpy(), x.numpy(), x.numpy())[0], expected.numpy())
+
+    class Sub(attend.MultiheadAttention):
+        def forward(self, *args, **kwargs):
+            output, weights = super().forward(*args, **kwargs)
+            return output * 2, weights
+
+    sub = Sub.from_torch(module)
+    with torch.no_grad():
+        assert torch.equal(sub(x, x, x)[0], 2 * expected)
+    xg = x.clone().requires_grad_()
+    out = ours(xg, xg, xg)[0]
+    assert out.grad_fn is not None and torch.allclose(out, expected, atol=2e-6)
+    with pytest.raises(TypeError):
+        ours(x, x)
+    with pytest.raises(TypeError):
+        ours(x, x, x, no_such_argument=1)
+    # A hook on the module runs.
+    seen = []
+    handle = ours.register_forward_pre_hook(lambda m, i: seen.append(len(i)))
+    with torch.no_grad():
+        ours(x, x, x)
+    handle.remove()
+    assert seen == [3]
+    # Dropout in training mode goes to forward(), which draws it.
+    ours.dropout = 0.5
+    ours.train()
+    with torch.no_grad():
+        assert not torch.equal(ours(x, x, x)[0], expected)
+        ours.eval()
+        assert torch.equal(ours(x, x, x)[0], expected)
