@@ -236,9 +236,11 @@ TEST(PagedBatch, EqualsTheDenseListing) {
 // the dense call does (PlanKeySplit of the sequence's own shape), on every SIMD target whose
 // dense call runs the row groups (4 lanes or more; see kv_cache_test.cc).
 TEST(PagedBatch, EachSequenceHasItsDenseCallsBits) {
-  const Tensor sinks = random_tensor(Shape({kKvHeads * 4}), 6);
-  // At most 2 queries per sequence: the dense call runs row groups on 4 lanes.
-  const Batch b = make_batch(kLens, {0, 1, 2, 1, 2, 1, 2, 1}, 16, 4, 41);
+  const Tensor sinks = random_tensor(Shape({kKvHeads * 2}), 6);
+  // At most 2 queries per sequence and 2 query heads per K/V head: the dense call runs row
+  // groups on every target with 4 or more lanes (G·Lq = 4 rows stays below the grouped-query
+  // tiles' kMinGroupedRows, shape_policy.hpp), as the paged call does.
+  const Batch b = make_batch(kLens, {0, 1, 2, 1, 2, 1, 2, 1}, 16, 2, 41);
   for (const std::string& target : supported_simd_targets()) {
     if (target == "SCALAR") continue;
     ScopedSimdCap cap(target);
