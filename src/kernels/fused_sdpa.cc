@@ -100,7 +100,7 @@ struct BatchRowWorkspace : RowWorkspace {
 };
 
 // The row groups of several problems as one work list (RunBatchItems).
-void RunRowsBatch(const SdpaParams* problems, int64_t count) {
+void FusedSdpaRowsBatch(const SdpaParams* problems, int64_t count) {
   std::vector<RowGroups> groups;
   std::vector<ProblemItems> items;
   groups.reserve(static_cast<size_t>(count));
@@ -201,10 +201,6 @@ void FusedSdpaRows(const SdpaParams& p) {
     return RunGroupedTiles<1>(p, group);
   }
   RunAllRows(p);
-}
-
-void FusedSdpaRowsBatch(const SdpaParams* problems, int64_t count) {
-  RunRowsBatch(problems, count);
 }
 
 // Query tiles of TileVectors(Lq) vectors (shape_policy.hpp).
