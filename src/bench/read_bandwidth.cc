@@ -131,6 +131,30 @@ Trial run_trial(const float* values, int64_t count, int num_threads, int64_t pas
   return trial;
 }
 
+// The probe's buffer of `count` floats, kept from one call to the next (one per process,
+// reallocated only when `count` changes): a bench measures the probe before and after each
+// memory-bound case, and faulting in a fresh 512 MiB each time (about 0.3 s, and the kernel's
+// page zeroing beside the next case) disturbed the small cases run after it. A new buffer is
+// faulted in by the threads that read it (each writes its own part) with floats whose sum
+// stays finite: 1, 2, 3, 4, 1, 2, ... Not thread-safe: the bench calls the probe from one
+// thread.
+float* probe_buffer(int64_t count, int num_threads) {
+  static Tensor buffer;
+  if (buffer.data() == nullptr || buffer.numel() != count) {
+    buffer = Tensor();  // the old buffer freed before the new one is allocated
+    buffer = Tensor(DType::kFloat32, Shape{count});
+    float* values = buffer.data_as<float>();
+#pragma omp parallel num_threads(num_threads)
+    {
+      const Part part = part_of(count, num_threads, omp_get_thread_num());
+      for (int64_t i = part.begin; i < part.begin + part.count; ++i) {
+        values[i] = static_cast<float>(1 + (i & 3));
+      }
+    }
+  }
+  return buffer.data_as<float>();
+}
+
 }  // namespace
 
 ReadBandwidth measure_read_bandwidth(int num_threads, int64_t bytes, double min_seconds) {
@@ -148,18 +172,7 @@ ReadBandwidth measure_read_bandwidth(int num_threads, int64_t bytes, double min_
   (void)detail::dispatch_targets();  // a bad ATTEND_MAX_SIMD throws here, not in a thread
 
   const int64_t count = (bytes + int64_t{sizeof(float)} - 1) / int64_t{sizeof(float)};
-  Tensor buffer(DType::kFloat32, Shape{count});
-  float* values = buffer.data_as<float>();
-  // Fault in every page (written by the thread that reads it) and give the floats values
-  // whose sum stays finite: 1, 2, 3, 4, 1, 2, ...
-#pragma omp parallel num_threads(num_threads)
-  {
-    const Part part = part_of(count, num_threads, omp_get_thread_num());
-    for (int64_t i = part.begin; i < part.begin + part.count; ++i) {
-      values[i] = static_cast<float>(1 + (i & 3));
-    }
-  }
-
+  float* values = probe_buffer(count, num_threads);
   // Calibrate: one untimed pass, one timed pass, then as many passes as fill min_seconds.
   (void)run_trial(values, count, num_threads, 1);
   const Trial one_pass = run_trial(values, count, num_threads, 1);

@@ -22,8 +22,8 @@ struct ReadBandwidth {
   std::string target;  // the SIMD target the probe dispatched to, e.g. "AVX3"
 };
 
-// Allocates a `bytes`-byte float buffer and faults it in once (each thread writes the part
-// it will read), then has `num_threads` OpenMP threads each sum their contiguous part as 8
+// Reads a `bytes`-byte float buffer, allocated and faulted in by the first call (each thread
+// writes the part it will read) and kept for later calls of the same size, with `num_threads` OpenMP threads each sum their contiguous part as 8
 // slices read side by side (8 streams, 8 independent vector accumulators), through the same
 // Highway dispatch as the kernels (so ATTEND_MAX_SIMD caps it too). GB/s = bytes read /
 // wall time of the whole parallel region, as decode's GB/s is, not per-thread CPU time as
