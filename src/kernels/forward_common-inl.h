@@ -19,6 +19,7 @@
 #include "dropout.hpp"
 #include "half.hpp"
 #include "kv_format.hpp"
+#include "partial_softmax.hpp"
 #include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
 #include "shape_policy.hpp"
@@ -28,17 +29,12 @@ namespace attend::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Natural log-sum-exp of a row from its log2-domain maximum m and its sum l = Σ 2^(s − m).
-inline float LogSumExp(float max_log2, float sum) {
-  return static_cast<float>(static_cast<double>(max_log2) * 0.6931471805599453 +
-                            std::log(static_cast<double>(sum)));
-}
-// A row whose every key is excluded: the listing's scores are all -1e9, so
-// log Σ exp = -1e9 + log Lk; -inf when such rows are zeroed.
+// A row's natural log-sum-exp from its log2-domain maximum and sum, and that of a row whose
+// every key is excluded (-inf where such rows are zeroed): partial_softmax.hpp's rules.
+inline float LogSumExp(float max_log2, float sum) { return logsumexp_of_part(max_log2, sum); }
 inline float FullyExcludedLogSumExp(const SdpaParams& p) {
-  return p.zero_fully_masked_rows
-             ? -std::numeric_limits<float>::infinity()
-             : static_cast<float>(-1e9 + std::log(static_cast<double>(p.key_len)));
+  return p.zero_fully_masked_rows ? -std::numeric_limits<float>::infinity()
+                                  : fully_excluded_logsumexp(p.key_len);
 }
 
 // A bfloat16 or float16 (`dtype`) value as float32 (exact).

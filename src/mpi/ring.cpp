@@ -5,7 +5,7 @@
 //   1. start sending this block onward and receiving the next (overlap), or not;
 //   2. every (query piece × key piece) block that position does not hide entirely:
 //      O_b, lse_b = fused kernel at global positions (empty rows zero, lse −inf);
-//   3. merge in fixed order into (acc, lse_acc):
+//   3. merge in fixed order into (acc, lse_acc) (partial_softmax.hpp: merge_logsumexp):
 //        lse' = log(exp(lse_acc) + exp(lse_b)),  acc = acc·exp(lse_acc − lse') + O_b·exp(lse_b −
 //        lse')
 //   4. wait for the next block.
@@ -21,6 +21,7 @@
 #include "attend/error.hpp"
 #include "dropout.hpp"
 #include "mpi/ring_internal.hpp"
+#include "partial_softmax.hpp"
 
 namespace attend::mpi {
 namespace {
@@ -53,12 +54,9 @@ struct Accumulator {
           running = block_lse;
           continue;
         }
-        const double top = std::max(running, block_lse);
-        const double merged = top + std::log(std::exp(running - top) + std::exp(block_lse - top));
-        const auto keep = static_cast<float>(std::exp(running - merged));
-        const auto add = static_cast<float>(std::exp(block_lse - merged));
-        for (int64_t e = 0; e < value_dim; ++e) to[e] = to[e] * keep + from[e] * add;
-        running = merged;
+        const attend::detail::LogSumExpMerge m = attend::detail::merge_logsumexp(running, block_lse);
+        for (int64_t e = 0; e < value_dim; ++e) to[e] = to[e] * m.keep + from[e] * m.add;
+        running = m.logsumexp;
       }
     }
   }
@@ -172,14 +170,12 @@ ShardResult ring_attention_float32(const detail::Communicator& comm, const Tenso
     double running = acc.lse[static_cast<size_t>(row)];
     if (options.sinks) {
       const double sink = sinks.data_as<float>()[(row / rows) % heads];
-      const double top = std::max(running, sink);
-      const double merged = top + std::log(std::exp(running - top) + std::exp(sink - top));
-      const auto keep = static_cast<float>(std::exp(running - merged));
-      for (int64_t e = 0; e < plan.value_dim; ++e) out[row * plan.value_dim + e] *= keep;
-      running = merged;
+      const attend::detail::LogSumExpMerge m = attend::detail::merge_logsumexp(running, sink);
+      for (int64_t e = 0; e < plan.value_dim; ++e) out[row * plan.value_dim + e] *= m.keep;
+      running = m.logsumexp;
     } else if (running == -INFINITY && options.fully_masked_rows == FullyMaskedRows::kUniform) {
       dead.push_back(row);
-      running = detail::fully_excluded_logsumexp(plan.key_len);
+      running = attend::detail::fully_excluded_logsumexp(plan.key_len);
     }
     lse[row] = static_cast<float>(running);
   }

@@ -19,6 +19,7 @@
 #include "attend/error.hpp"
 #include "dropout.hpp"
 #include "mpi/ring_internal.hpp"
+#include "partial_softmax.hpp"
 
 namespace attend::mpi {
 namespace {
@@ -137,7 +138,7 @@ AttentionGradients ring_attention_backward_float32(
   }
   Tensor dout = Tensor::copy_of(grad_output), lse = Tensor::copy_of(logsumexp);
   if (detail::may_leave_rows_empty(options)) {
-    const float empty = detail::fully_excluded_logsumexp(plan.key_len);
+    const float empty = attend::detail::fully_excluded_logsumexp(plan.key_len);
     for (int64_t row = 0; row < batch * rows; ++row) {
       if (lse.data_as<float>()[row] == empty) dead.push_back(row);
     }

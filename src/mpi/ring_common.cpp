@@ -442,10 +442,6 @@ bool block_is_hidden(const AttentionOptions& block, int64_t query_len, int64_t k
   return attend::detail::excludes_every_key(p);
 }
 
-float fully_excluded_logsumexp(int64_t key_len) {
-  return static_cast<float>(double{kExcludedScore} + std::log(static_cast<double>(key_len)));
-}
-
 // ---- KeyBlocks -----------------------------------------------------------------------------
 
 KeyBlocks::KeyBlocks(const RingPlan& plan, const TensorView& key, const TensorView& value,

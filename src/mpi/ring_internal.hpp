@@ -263,9 +263,6 @@ AttentionOptions block_options(const AttentionOptions& options, const RingPlan& 
 // Whether causality, the window or the prefix hide every key of the block from every query.
 bool block_is_hidden(const AttentionOptions& block, int64_t query_len, int64_t key_len);
 
-// The listing's log-sum-exp of a row with every key excluded: -1e9 + log Lk.
-float fully_excluded_logsumexp(int64_t key_len);
-
 inline double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
