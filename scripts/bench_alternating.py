@@ -29,3 +29,9 @@ for case, rounds in f32.items():
           f" n {len(ratio)}), new {statistics.median(v['new']['median_us'] for v in pairs) / 1e3:.1f} ms,"
           f" base {statistics.median(v['base']['median_us'] for v in pairs) / 1e3:.1f} ms,"
           f" new {statistics.median(v['new']['pct_peak'] for v in pairs):.1f} % of the FMA peak")
+    if "pct_read" in pairs[0]["new"]:  # memory-bound: % of the read probe around the case
+        for b in ("new", "base"):
+            pct = [v[b]["pct_read"] for v in pairs]
+            print(f"  {'':12s} {b:4s} {statistics.median(pct):.1f} % of the read probe (min"
+                  f" {min(pct):.1f}, max {max(pct):.1f}), {statistics.median(v[b]['gbps'] for v in pairs):.1f}"
+                  f" GB/s, probe {statistics.median(v[b]['read_gbps'] for v in pairs):.1f} GB/s")
