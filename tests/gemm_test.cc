@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -152,6 +153,64 @@ TEST(GemmAmx, Bf16InputMatchesFloat64Product) {
     EXPECT_EQ(check_against_naive(large, threads, "AMX", true, true), one) << threads;
   }
   EXPECT_NE(check_against_naive(large, 2, "AVX512_BF16", true, false), one);
+}
+
+// A bfloat16 output (LinearParams::output_bf16) holds the float32 output rounded as convert
+// rounds, bit for bit, on every path: float32 or bfloat16 input, few rows, a depth over one
+// pass (600 > 256), partial panels, and denormal, tie, infinite and NaN results (row 0's input
+// is zero, so its outputs are the bias itself). The padding between rows stays untouched.
+TEST_P(GemmEveryTarget, Bf16OutputIsTheFloat32OutputRounded) {
+  test::ScopedSimdCap cap(GetParam());
+  const Problem problems[] = {{5, 7, 3, true},    {13, 33, 17, true}, {97, 65, 40, true},
+                              {100, 48, 129, true}, {40, 70, 600, true}, {9, 32, 1, true},
+                              {64, 96, 0, true},  {4, 768, 256, true}};
+  for (const Problem& problem : problems) {
+    for (const bool bf16_input : {false, true}) {
+      const int64_t M = problem.rows, N = problem.columns, K = problem.depth;
+      const int64_t output_stride = N + 3;
+      auto input = pseudo_random(static_cast<size_t>(M * K), 7);
+      for (int64_t k = 0; k < K; ++k) input[static_cast<size_t>(k)] = 0.0f;
+      std::vector<uint16_t> input_bf16(input.size());
+      for (size_t i = 0; i < input.size(); ++i) input_bf16[i] = bf16_from_f32(input[i]);
+      const auto weight = pseudo_random(static_cast<size_t>(N * K), 8);
+      auto bias = pseudo_random(static_cast<size_t>(N), 9);
+      const uint32_t special[] = {0x00012345u, 0x80000001u, 0x3F808000u, 0x3F818000u,
+                                  0x7F800000u, 0xFF800000u, 0x7FC00001u, 0x7F7FFFFFu};
+      for (size_t i = 0; i < std::size(special) && i < bias.size(); ++i) {
+        bias[i] = f32_from_bits(special[i]);
+      }
+      LinearParams p;
+      p.rows = M;
+      p.columns = N;
+      p.depth = K;
+      p.input = bf16_input ? nullptr : input.data();
+      p.input_bf16 = bf16_input ? input_bf16.data() : nullptr;
+      p.bf16_products = bf16_input;
+      p.input_row_stride = K;
+      p.weight = weight.data();
+      p.weight_row_stride = K;
+      p.bias = bias.data();
+      p.num_threads = 3;
+      std::vector<float> output(static_cast<size_t>(M * output_stride));
+      p.output = output.data();
+      p.output_row_stride = output_stride;
+      linear(p);
+      const uint16_t sentinel = 0xABCD;
+      std::vector<uint16_t> rounded(static_cast<size_t>(M * output_stride), sentinel);
+      p.output = nullptr;
+      p.output_bf16 = rounded.data();
+      linear(p);
+      for (int64_t i = 0; i < M; ++i) {
+        for (int64_t j = 0; j < output_stride; ++j) {
+          const size_t at = static_cast<size_t>(i * output_stride + j);
+          const uint16_t expected = j < N ? bf16_from_f32(output[at]) : sentinel;
+          ASSERT_EQ(rounded[at], expected)
+              << "target " << GetParam() << ", M=" << M << " N=" << N << " K=" << K
+              << (bf16_input ? ", bfloat16 input" : "") << ", element (" << i << ", " << j << ")";
+        }
+      }
+    }
+  }
 }
 
 TEST_P(GemmEveryTarget, ResultDoesNotDependOnThreadCount) {

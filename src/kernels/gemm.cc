@@ -115,8 +115,10 @@ struct Tile {
 // Runs micro(tile) for every tile of panels `width` columns wide: (panel, row block) pairs in
 // parallel, each whole on one thread, its depth blocks in k order (one pass even when K == 0,
 // to write the bias), so every output element sees the same sequence at any thread count.
+// depth_block: the depth of one pass (kDepthBlock unless the caller needs each tile whole).
 template <class Micro>
-void ForEachTile(const LinearParams& p, int threads, int64_t width, const Micro& micro) {
+void ForEachTile(const LinearParams& p, int threads, int64_t width, const Micro& micro,
+                 int64_t depth_block = kDepthBlock) {
   const int64_t panels = (p.columns + width - 1) / width;
   const int64_t row_blocks = (p.rows + kRowBlock - 1) / kRowBlock;
 #pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
@@ -127,8 +129,8 @@ void ForEachTile(const LinearParams& p, int threads, int64_t width, const Micro&
       t.first_column = panel * width;
       t.valid_columns = std::min(width, p.columns - t.first_column);
       const int64_t block_end = std::min(p.rows, (block + 1) * kRowBlock);
-      for (t.k0 = 0; t.k0 == 0 || t.k0 < p.depth; t.k0 += kDepthBlock) {
-        t.depth = std::min(kDepthBlock, p.depth - t.k0);
+      for (t.k0 = 0; t.k0 == 0 || t.k0 < p.depth; t.k0 += depth_block) {
+        t.depth = std::min(depth_block, p.depth - t.k0);
         for (t.row = block * kRowBlock; t.row < block_end; t.row += kMicroRows) {
           t.rows = std::min(kMicroRows, block_end - t.row);
           micro(t);
@@ -142,10 +144,35 @@ void ForEachTile(const LinearParams& p, int threads, int64_t width, const Micro&
 // as rows of bfloat16 pairs (A), each panel of 32 columns as pairs across k (B),
 // panel[k2][c] = (weight[c][2·k2], weight[c][2·k2 + 1]); an odd depth's last pair has a zero
 // second half in both. A tile goes through an aligned staging copy of its output rows.
+// A bfloat16 output (p.output_bf16) takes each tile's whole depth in one pass, so the float32
+// sums never leave the staging copy before they are rounded: the same k order, the same bits
+// as the float32 output rounded afterwards.
 #undef ATTEND_GEMM_BF16
 #if ATTEND_AVX512_BF16
 #define ATTEND_GEMM_BF16 1
 using Products = Avx512Bf16;
+
+// to[i] = bf16_from_f32(from[i]) for i < n (half.hpp's rounding, written on the float bits:
+// to nearest even, a NaN kept quiet); vcvtneps2bf16 is not used, as it flushes denormals.
+void RoundRowToBf16(const float* HWY_RESTRICT from, uint16_t* HWY_RESTRICT to, int64_t n) {
+  const hn::ScalableTag<uint32_t> du;
+  const hn::Rebind<uint16_t, decltype(du)> dh;
+  const auto lanes = static_cast<int64_t>(hn::Lanes(du));
+  const auto magnitude = hn::Set(du, 0x7FFFFFFFu), infinity = hn::Set(du, 0x7F800000u);
+  const auto half_ulp = hn::Set(du, 0x7FFFu), one = hn::Set(du, 1u), quiet = hn::Set(du, 0x40u);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto bits = hn::BitCast(du, hn::LoadU(hn::Rebind<float, decltype(du)>(), from + i));
+    const auto rounded =
+        hn::ShiftRight<16>(hn::Add(hn::Add(bits, half_ulp), hn::And(hn::ShiftRight<16>(bits), one)));
+    const auto nan = hn::Gt(hn::And(bits, magnitude), infinity);
+    const auto result = hn::IfThenElse(nan, hn::Or(hn::ShiftRight<16>(bits), quiet), rounded);
+    // Every result fits in 16 bits, so the saturating demotion of int32 keeps it.
+    hn::StoreU(hn::DemoteTo(dh, hn::BitCast(hn::Rebind<int32_t, decltype(du)>(), result)), dh,
+               to + i);
+  }
+  for (; i < n; ++i) to[i] = bf16_from_f32(from[i]);
+}
 
 void LinearBf16(const LinearParams& p, int threads) {
   constexpr int64_t kWidth = 32;
@@ -179,22 +206,36 @@ void LinearBf16(const LinearParams& p, int threads) {
     uint32_t* row = input.get() + m * pairs;
     HalfPairsAlongRow(p.input_bf16 + m * p.input_row_stride, p.depth, row, 1);
   }
-  ForEachTile(p, threads, kWidth, [&](const Tile& t) {
-    HWY_ALIGN float staging[kMicroRows * kWidth] = {};
-    for (int64_t r = 0; r < t.rows; ++r) {
-      float* out = p.output + (t.row + r) * p.output_row_stride + t.first_column;
-      const float* start = t.k0 > 0 ? out : p.bias ? packed_bias.get() + t.panel * kWidth : nullptr;
-      if (start) std::memcpy(staging + r * kWidth, start, static_cast<size_t>(t.valid_columns) * 4);
-    }
-    const PairsA a{input.get() + t.row * pairs + t.k0 / 2, pairs, 1};
-    const PairsB b{packed.get() + t.panel * pairs * kWidth + t.k0 / 2 * kWidth, kWidth};
-    Products::Product(t.rows, kWidth / 16, PairsOf(t.depth), a, b,
-                      PairsC{staging, kWidth, PairStart::kAccumulate});
-    for (int64_t r = 0; r < t.rows; ++r) {
-      std::memcpy(p.output + (t.row + r) * p.output_row_stride + t.first_column,
-                  staging + r * kWidth, static_cast<size_t>(t.valid_columns) * 4);
-    }
-  });
+  const bool bf16_output = p.output_bf16 != nullptr;
+  ForEachTile(
+      p, threads, kWidth,
+      [&](const Tile& t) {
+        HWY_ALIGN float staging[kMicroRows * kWidth] = {};
+        for (int64_t r = 0; r < t.rows; ++r) {
+          const float* start = t.k0 > 0 ? p.output + (t.row + r) * p.output_row_stride +
+                                              t.first_column
+                               : p.bias ? packed_bias.get() + t.panel * kWidth
+                                        : nullptr;
+          if (start) {
+            std::memcpy(staging + r * kWidth, start, static_cast<size_t>(t.valid_columns) * 4);
+          }
+        }
+        const PairsA a{input.get() + t.row * pairs + t.k0 / 2, pairs, 1};
+        const PairsB b{packed.get() + t.panel * pairs * kWidth + t.k0 / 2 * kWidth, kWidth};
+        Products::Product(t.rows, kWidth / 16, PairsOf(t.depth), a, b,
+                          PairsC{staging, kWidth, PairStart::kAccumulate});
+        for (int64_t r = 0; r < t.rows; ++r) {
+          if (bf16_output) {
+            RoundRowToBf16(staging + r * kWidth,
+                           p.output_bf16 + (t.row + r) * p.output_row_stride + t.first_column,
+                           t.valid_columns);
+          } else {
+            std::memcpy(p.output + (t.row + r) * p.output_row_stride + t.first_column,
+                        staging + r * kWidth, static_cast<size_t>(t.valid_columns) * 4);
+          }
+        }
+      },
+      bf16_output ? std::max<int64_t>(p.depth, 1) : kDepthBlock);
 }
 #else
 #define ATTEND_GEMM_BF16 0
@@ -413,6 +454,26 @@ void LinearAmx(const LinearParams& p) {
 void linear(const LinearParams& params) {
   // Rows up to which products stay float32 (see LinearParams::input_bf16): kFewRows.
   constexpr int64_t kFewBf16Rows = 8;
+  const bool bf16_register_blocks =
+      params.input_bf16 != nullptr && params.rows > kFewBf16Rows && params.bf16_products &&
+      native_bf16_products() && !(params.amx_tiles && amx_bf16_products());
+  if (params.output_bf16 != nullptr && !bf16_register_blocks) {
+    // Only the AVX512_BF16 register blocks write bfloat16: elsewhere the float32 result,
+    // rounded row by row as convert rounds.
+    std::vector<float> result(static_cast<size_t>(params.rows * params.columns));
+    LinearParams p = params;
+    p.output_bf16 = nullptr;
+    p.output = result.data();
+    p.output_row_stride = params.columns;
+    linear(p);
+    for (int64_t m = 0; m < params.rows; ++m) {
+      for (int64_t n = 0; n < params.columns; ++n) {
+        params.output_bf16[m * params.output_row_stride + n] =
+            bf16_from_f32(result[static_cast<size_t>(m * params.columns + n)]);
+      }
+    }
+    return;
+  }
 #if defined(__x86_64__)
   if (params.input_bf16 != nullptr && params.amx_tiles && params.rows > kFewBf16Rows &&
       amx_bf16_products()) {

@@ -36,6 +36,11 @@ struct LinearParams {
   // With bf16_products, on AMX tiles (AMX-BF16, where amx_bf16_products() holds; else
   // AVX512_BF16): the same rounding of both operands, float32 accumulation from the bias.
   bool amx_tiles = false;
+  // A bfloat16 (M, N) output (row stride output_row_stride) instead of `output`: each float32
+  // result rounded to bfloat16 as convert rounds (bf16_from_f32: to nearest even, NaNs kept
+  // quiet), the same bits as a float32 output converted afterwards. Written directly by the
+  // AVX512_BF16 products; the other paths round a float32 result.
+  uint16_t* output_bf16 = nullptr;
 };
 
 // Computes the product described by `params`. Throws attend::Error when the packing buffer
