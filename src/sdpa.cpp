@@ -67,7 +67,8 @@ struct PreparedCall {
 void prepare(const TensorView& query, const TensorView& key, const TensorView& value,
              const Problem& problem, const AttentionOutputViews& outputs,
              const AttentionOptions& options, const StoredKeys* stored, PreparedCall& call) {
-  SdpaParams p = make_params(query, key, value, problem, options, call.inputs);
+  SdpaParams p = make_params(query, key, value, problem, options, call.inputs, false,
+                             stored == nullptr);
   if (stored) attach_stored_keys(p, *stored);
   call.outputs = outputs;
   const TensorView out = writable_kernel_float(outputs.output, call.output_copy);

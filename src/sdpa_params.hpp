@@ -64,6 +64,10 @@ struct SdpaParams {
   // chosen with them where amx_bf16_products() (cpu_features.hpp) allows.
   bool amx_tiles = false;
   bool half_kv() const { return key_half != nullptr; }
+  //  - with half_kv, queries in half_dtype for the query tiles only (the boundary sets it where
+  //    only they run: more queries than RunsInRowGroups takes, no stored K/V): query_widened
+  //    in place of query (null then), same strides, widened exactly as the tiles load them.
+  const uint16_t* query_widened = nullptr;
 
   // K and V as stored (the row groups and the reference; decoding reads every cached byte
   // once): key_stored and value_stored in kv_format (kv_format.hpp: float16, bfloat16,

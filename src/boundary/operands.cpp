@@ -199,7 +199,7 @@ OperandChoice choose_operands(const TensorView& query, const TensorView& value,
 
 SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,
                        const Problem& problem, const AttentionOptions& options,
-                       KernelInputs& storage, bool for_backward) {
+                       KernelInputs& storage, bool for_backward, bool half_queries) {
   const int batch_rank = query.rank() - 2;
   OperandChoice choice = choose_operands(query, value, options, for_backward);
   // kBFloat16 or kFloat16 asked: every operand rounded to that precision, whatever the kernel.
@@ -212,24 +212,31 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
   };
 
   SdpaParams p;
+  // Half-precision K and V computed in float32 on a shape only the query tiles take: the
+  // queries, of the same dtype, read as they are too (widened as the tiles load them).
+  const bool tiles_only = half_queries && !RunsInRowGroups(query.shape.back(1), fused_lanes());
   // Q, K and V as `choice` says; again with float32 products where float16 chains would
   // overflow (f16_chains_fit).
   const auto attach_operands = [&](TensorView& q, TensorView& k, TensorView& v) {
     const bool half_query = choice.products == Products::kHalfProducts;
     const bool half_kv = choice.products != Products::kFloat32;
+    const bool widened_query = tiles_only && choice.products == Products::kHalfKeysValues &&
+                               query.dtype == choice.half;
     const auto operand = [&](bool half, const TensorView& t, std::optional<Tensor>& copy) {
       return half ? as_kernel_half(t, choice.half, copy) : float_operand(t, copy);
     };
-    q = operand(half_query, query, storage.query);
+    q = operand(half_query || widened_query, query, storage.query);
     k = operand(half_kv, key, storage.key);
     v = operand(half_kv, value, storage.value);
     p.half_dtype = choice.half;
-    p.query_half = p.key_half = p.value_half = nullptr;
+    p.query_half = p.key_half = p.value_half = p.query_widened = nullptr;
     p.query = p.key = p.value = nullptr;
     p.key_stored = p.value_stored = nullptr;
     p.kv_format = DType::kFloat32;
     if (half_query) {
       p.query_half = q.data_as<const uint16_t>();
+    } else if (widened_query) {
+      p.query_widened = q.data_as<const uint16_t>();
     } else {
       p.query = q.data_as<const float>();
     }

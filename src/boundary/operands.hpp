@@ -79,9 +79,12 @@ bool wants_f16_products(ComputePrecision compute);
 // the precision of the products (AttentionOptions::compute): float32, or bfloat16 or float16
 // for the forward's query tiles (never `for_backward`; float16 only where its chains stay
 // finite, else float32 products on the float16 operands). attend::Error for a precision the
-// CPU lacks.
+// CPU lacks. `half_queries`: the caller runs the kernel on these operands as they are (no
+// stored K/V attached afterwards), so half-precision queries computed in float32 may stay
+// half for the query tiles (SdpaParams::query_widened) instead of a float32 copy.
 SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,
                        const Problem& problem, const AttentionOptions& options,
-                       KernelInputs& storage, bool for_backward = false);
+                       KernelInputs& storage, bool for_backward = false,
+                       bool half_queries = false);
 
 }  // namespace attend::detail

@@ -56,6 +56,7 @@ struct Tile {
   const float* key;
   const float* value;
   const uint16_t* query_half;  // batch base pointers of bfloat16 products' operands, else null
+  const uint16_t* query_widened;  // of half queries computed in float32 (query null), else null
   const uint16_t* key_half;
   const uint16_t* value_half;
   const void* key_stored;  // batch base pointers of K and V as stored (SdpaParams::kv_format)
@@ -165,6 +166,7 @@ void SetTileBatch(const SdpaParams& p, int64_t b, Tile& tile) {
   tile.key = at_batch(p.key, p.key_strides);
   tile.value = at_batch(p.value, p.value_strides);
   tile.query_half = at_batch(p.query_half, p.query_strides);
+  tile.query_widened = at_batch(p.query_widened, p.query_strides);
   tile.key_half = at_batch(p.key_half, p.key_strides);
   tile.value_half = at_batch(p.value_half, p.value_strides);
   const auto stored_at = [&](const void* base, const OperandStrides& strides) -> const void* {

@@ -353,6 +353,10 @@ class TileAttention {
       LoadQueryPairs(p_, tile.query_half, tile.first_query, tile.rows, kTq, QueryPairs());
       return;
     }
+    if (tile.query_widened != nullptr) {
+      if (p_.half_dtype == DType::kFloat16) return LoadHalfQueries<hwy::float16_t>(tile, factor);
+      return LoadHalfQueries<hwy::bfloat16_t>(tile, factor);
+    }
     float* query_t = ws_.query_t.get();
 #if ATTEND_BLOCK_SHUFFLES
     if (p_.head_dim % kLanes == 0) {
@@ -376,6 +380,54 @@ class TileAttention {
     for (int64_t r = 0; r < tile.rows; ++r) {
       const float* q = QueryRowOf(p_, tile, r);
       for (int64_t e = 0; e < p_.head_dim; ++e) query_t[e * kTq + r] = q[e] * factor;
+    }
+    if (tile.rows < kTq) {
+      for (int64_t e = 0; e < p_.head_dim; ++e) {
+        std::fill(query_t + e * kTq + tile.rows, query_t + (e + 1) * kTq, 0.0f);
+      }
+    }
+  }
+
+  // The same from half-precision queries (Tile::query_widened, Half: hwy::float16_t or
+  // bfloat16_t as p_.half_dtype says), each widened exactly as it is loaded, so query_t holds
+  // the bits a float32 copy of the queries would give.
+  template <class Half>
+  void LoadHalfQueries(const Tile& tile, float factor) {
+    // Query row r of the tile, as QueryRowOf finds it.
+    const auto row_of = [&](int64_t r) {
+      const TileRow row = TileRowOf(tile, r);
+      return tile.query_widened +
+             (row.batch - tile.batch) * p_.query_strides.batch[kMaxBatchRank - 1] +
+             row.query * p_.query_strides.row;
+    };
+    float* query_t = ws_.query_t.get();
+#if ATTEND_BLOCK_SHUFFLES
+    if (p_.head_dim % kLanes == 0) {
+      const DF d;
+      const hn::Rebind<Half, DF> dh;
+      const VF factor_v = hn::Set(d, factor);
+      for (int64_t r0 = 0; r0 < kTq; r0 += kLanes) {
+        for (int64_t e0 = 0; e0 < p_.head_dim; e0 += kLanes) {
+          VF v[kLanes];
+          for (int64_t i = 0; i < kLanes; ++i) {
+            v[i] = r0 + i < tile.rows
+                       ? hn::Mul(hn::PromoteTo(d, hn::LoadU(dh, reinterpret_cast<const Half*>(
+                                                                    row_of(r0 + i) + e0))),
+                                 factor_v)
+                       : hn::Zero(d);
+          }
+          TransposeSquare(v);
+          for (int64_t i = 0; i < kLanes; ++i) hn::Store(v[i], d, query_t + (e0 + i) * kTq + r0);
+        }
+      }
+      return;
+    }
+#endif
+    for (int64_t r = 0; r < tile.rows; ++r) {
+      const uint16_t* q = row_of(r);
+      for (int64_t e = 0; e < p_.head_dim; ++e) {
+        query_t[e * kTq + r] = HalfToFloat(p_.half_dtype, q[e]) * factor;
+      }
     }
     if (tile.rows < kTq) {
       for (int64_t e = 0; e < p_.head_dim; ++e) {
