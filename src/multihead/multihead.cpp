@@ -240,12 +240,7 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   // projections the backward reads.
   const bool bf16 = detail::wants_bf16_products(query.dtype, options.compute) && tape == nullptr;
 
-  // 1. Project Q, K, V: one GEMM per distinct input, written as (N, length, parts, H, D):
-  //    float32, or with bfloat16 products bfloat16 (each float32 sum rounded as convert
-  //    rounds), which the bfloat16 attention reads.
-  //    K and V have Hkv heads (grouped-query attention when fewer than H; the packed layouts
-  //    have Hkv = H).
-  const DType projection_dtype = bf16 ? DType::kBFloat16 : DType::kFloat32;
+  // 1. Project Q, K, V: one GEMM per distinct input, written as (N, length, parts, H, D).
   Tensor query_storage, key_storage, value_storage;
   Tensor query_projection, key_projection, value_projection;
   detail::Projected q, k, v;
@@ -253,58 +248,74 @@ MultiHeadResult MultiHeadAttention::forward(const TensorView& query, const Tenso
   // Q, K, V biases at 0, E and E + F (F = E without grouped-query attention).
   const int64_t bias_offset[3] = {0, E, E + F};
   auto bias_part = [&](int part) { return in_bias ? in_bias + bias_offset[part] : nullptr; };
-  // output = rows · weightᵀ + bias into a new (N, length, ...) tensor of width out_features.
-  const auto project_into = [&](Tensor& output, const Shape& shape, const detail::RowMatrix& rows,
-                                int64_t count, const float* weight, int64_t out_features,
-                                int64_t in_features, const float* bias) {
-    output = Tensor(projection_dtype, shape);
-    if (bf16) {
-      detail::project(rows, count, weight, out_features, in_features, bias,
-                      output.data_as<uint16_t>(), out_features, num_threads);
-    } else {
-      detail::project(rows, count, weight, out_features, in_features, bias,
-                      output.data_as<float>(), out_features, num_threads);
-    }
-  };
-  // Columns [offset, offset + width) of every token of `projection`, (N, length, ...).
-  const auto part_of = [&](const Tensor& projection, int64_t offset, int64_t length,
-                           int64_t width) {
-    const auto* base = static_cast<const char*>(projection.data());
-    const auto element = static_cast<int64_t>(dtype_size(projection_dtype));
-    return detail::Projected{base + offset * element, length * width, width, projection_dtype};
-  };
   const detail::RowMatrix query_rows = detail::as_row_matrix(query, query_storage, bf16);
   const detail::ProjectionGrouping grouping =
       detail::projection_grouping(query, key, value, packed_);
   if (grouping == detail::ProjectionGrouping::kPackedSelf) {
-    project_into(query_projection, Shape({N, L, 3, H, D}), query_rows, N * L,
-                 in_proj_weight_.data_as<float>(), 3 * E, E, in_bias);
-    q = part_of(query_projection, 0, L, 3 * E);
-    k = part_of(query_projection, E, L, 3 * E);
-    v = part_of(query_projection, 2 * E, L, 3 * E);
+    query_projection = Tensor(DType::kFloat32, Shape({N, L, 3, H, D}));
+    detail::project(query_rows, N * L, in_proj_weight_.data_as<float>(), 3 * E, E, in_bias,
+                    query_projection.data_as<float>(), 3 * E, num_threads);
+    const float* base = query_projection.data_as<float>();
+    q = {base, L * 3 * E, 3 * E};
+    k = {base + E, L * 3 * E, 3 * E};
+    v = {base + 2 * E, L * 3 * E, 3 * E};
   } else {
-    project_into(query_projection, Shape({N, L, H, D}), query_rows, N * L,
-                 q_proj_weight().data_as<float>(), E, E, bias_part(0));
-    q = part_of(query_projection, 0, L, E);
+    query_projection = Tensor(DType::kFloat32, Shape({N, L, H, D}));
+    detail::project(query_rows, N * L, q_proj_weight().data_as<float>(), E, E, bias_part(0),
+                    query_projection.data_as<float>(), E, num_threads);
+    q = {query_projection.data_as<float>(), L * E, E};
     const detail::RowMatrix key_rows = detail::as_row_matrix(key, key_storage, bf16);
     if (grouping == detail::ProjectionGrouping::kPackedMemory) {
       // Cross-attention over one memory: K and V from rows [E, 3E) of in_proj_weight at once.
-      project_into(key_projection, Shape({N, S, 2, H, D}), key_rows, N * S,
-                   k_proj_weight().data_as<float>(), 2 * E, E, bias_part(1));
-      k = part_of(key_projection, 0, S, 2 * E);
-      v = part_of(key_projection, E, S, 2 * E);
+      key_projection = Tensor(DType::kFloat32, Shape({N, S, 2, H, D}));
+      detail::project(key_rows, N * S, k_proj_weight().data_as<float>(), 2 * E, E, bias_part(1),
+                      key_projection.data_as<float>(), 2 * E, num_threads);
+      k = {key_projection.data_as<float>(), S * 2 * E, 2 * E};
+      v = {key_projection.data_as<float>() + E, S * 2 * E, 2 * E};
     } else {
       const detail::RowMatrix value_rows = detail::as_row_matrix(value, value_storage, bf16);
-      project_into(key_projection, Shape({N, S, Hkv, D}), key_rows, N * S,
-                   k_proj_weight().data_as<float>(), F, kdim_, bias_part(1));
-      project_into(value_projection, Shape({N, S, Hkv, D}), value_rows, N * S,
-                   v_proj_weight().data_as<float>(), F, vdim_, bias_part(2));
-      k = part_of(key_projection, 0, S, F);
-      v = part_of(value_projection, 0, S, F);
+      key_projection = Tensor(DType::kFloat32, Shape({N, S, Hkv, D}));
+      value_projection = Tensor(DType::kFloat32, Shape({N, S, Hkv, D}));
+      detail::project(key_rows, N * S, k_proj_weight().data_as<float>(), F, kdim_, bias_part(1),
+                      key_projection.data_as<float>(), F, num_threads);
+      detail::project(value_rows, N * S, v_proj_weight().data_as<float>(), F, vdim_, bias_part(2),
+                      value_projection.data_as<float>(), F, num_threads);
+      k = {key_projection.data_as<float>(), S * F, F};
+      v = {value_projection.data_as<float>(), S * F, F};
     }
   }
-  const TensorView q_heads = q.heads_view(N, H, L, D), k_heads = k.heads_view(N, Hkv, S, D),
-                   v_heads = v.heads_view(N, Hkv, S, D);
+
+  // With bfloat16 products, Q, K and V rounded to bfloat16 (the projections accumulate in
+  // float32 first): views of the same layout into bfloat16 copies.
+  // K and V have Hkv heads (grouped-query attention when fewer than H; the packed layouts
+  // have Hkv = H).
+  TensorView q_heads = q.heads_view(N, H, L, D), k_heads = k.heads_view(N, Hkv, S, D),
+             v_heads = v.heads_view(N, Hkv, S, D);
+  Tensor query_bf16, key_bf16, value_bf16;
+  if (bf16) {
+    const auto rounded = [](const Tensor& t, Tensor& copy) {
+      if (t.empty()) return;
+      copy = Tensor(DType::kBFloat16, t.shape());
+      convert(t.view(), copy.view());
+    };
+    rounded(query_projection, query_bf16);
+    rounded(key_projection, key_bf16);
+    rounded(value_projection, value_bf16);
+    const auto in_copy = [&](const detail::Projected& part, int64_t heads, int64_t length) {
+      for (auto [source, copy] :
+           {std::pair{&query_projection, &query_bf16}, std::pair{&key_projection, &key_bf16},
+            std::pair{&value_projection, &value_bf16}}) {
+        const float* base = source->empty() ? nullptr : source->data_as<float>();
+        if (base != nullptr && part.data >= base && part.data < base + source->numel()) {
+          return part.heads_view_in(*copy, base, N, heads, length, D);
+        }
+      }
+      throw Error("multi-head attention: a projection outside its tensors");  // unreachable
+    };
+    q_heads = in_copy(q, H, L);
+    k_heads = in_copy(k, Hkv, S);
+    v_heads = in_copy(v, Hkv, S);
+  }
 
   // 2. Attend: every head at once, reading (N, H, ·, D) views, writing (N, L, H, D) = (N, L, E)
   //    (and, for the tape, the log-sum-exp of each row (N, H, L)).

@@ -214,12 +214,9 @@ RowMatrix as_row_matrix(const TensorView& x, Tensor& storage, bool bf16) {
   return matrix(storage.data(), features);
 }
 
-namespace {
-
-// The parameters of project() without the output.
-LinearParams projection_params(const RowMatrix& input, int64_t rows, const float* weight,
-                               int64_t out_features, int64_t in_features, const float* bias,
-                               int64_t output_row_stride, int num_threads) {
+void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t out_features,
+             int64_t in_features, const float* bias, float* output, int64_t output_row_stride,
+             int num_threads) {
   LinearParams p;
   p.rows = rows;
   p.columns = out_features;
@@ -236,28 +233,9 @@ LinearParams projection_params(const RowMatrix& input, int64_t rows, const float
   p.weight = weight;
   p.weight_row_stride = in_features;
   p.bias = bias;
+  p.output = output;
   p.output_row_stride = output_row_stride;
   p.num_threads = num_threads;
-  return p;
-}
-
-}  // namespace
-
-void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t out_features,
-             int64_t in_features, const float* bias, float* output, int64_t output_row_stride,
-             int num_threads) {
-  LinearParams p = projection_params(input, rows, weight, out_features, in_features, bias,
-                                     output_row_stride, num_threads);
-  p.output = output;
-  linear(p);
-}
-
-void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t out_features,
-             int64_t in_features, const float* bias, uint16_t* output, int64_t output_row_stride,
-             int num_threads) {
-  LinearParams p = projection_params(input, rows, weight, out_features, in_features, bias,
-                                     output_row_stride, num_threads);
-  p.output_bf16 = output;
   linear(p);
 }
 

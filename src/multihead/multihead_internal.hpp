@@ -75,24 +75,28 @@ RowMatrix as_row_matrix(const TensorView& x, Tensor& storage, bool bf16 = false)
 void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t out_features,
              int64_t in_features, const float* bias, float* output, int64_t output_row_stride,
              int num_threads);
-// The same product written as bfloat16 (each float32 result rounded as convert rounds:
-// LinearParams::output_bf16), for the bfloat16 attention that reads it.
-void project(const RowMatrix& input, int64_t rows, const float* weight, int64_t out_features,
-             int64_t in_features, const float* bias, uint16_t* output, int64_t output_row_stride,
-             int num_threads);
 
 // One projected tensor (Q, K or V, or a gradient of one): token t of batch n, head h starts at
 // data + n·batch_stride + t·token_stride + h·D.
 struct Projected {
-  const void* data = nullptr;
+  const float* data = nullptr;
   int64_t batch_stride = 0;
   int64_t token_stride = 0;
-  DType dtype = DType::kFloat32;  // of the elements at data (float32, or bfloat16 projections)
 
   // The (N, H, length, D) view the attention call reads or writes.
   TensorView heads_view(int64_t batch, int64_t heads, int64_t length, int64_t head_dim) const {
-    return TensorView(const_cast<void*>(data), dtype, Shape({batch, heads, length, head_dim}),
+    return TensorView(const_cast<float*>(data), DType::kFloat32,
+                      Shape({batch, heads, length, head_dim}),
                       Shape({batch_stride, head_dim, token_stride, 1}));
+  }
+  // The same view into `copy`, a converted copy (any dtype) of the tensor starting at `base`.
+  TensorView heads_view_in(const Tensor& copy, const float* base, int64_t batch, int64_t heads,
+                           int64_t length, int64_t head_dim) const {
+    TensorView view = heads_view(batch, heads, length, head_dim);
+    view.data = static_cast<char*>(const_cast<void*>(copy.data())) +
+                (data - base) * static_cast<int64_t>(dtype_size(copy.dtype()));
+    view.dtype = copy.dtype();
+    return view;
   }
 };
 
