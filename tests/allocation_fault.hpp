@@ -12,7 +12,15 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// gcc defines __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__; clang 14 defines neither and answers
+// __has_feature instead (without this, a clang ASan build replaced ASan's malloc and died at
+// startup).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define ATTEND_UNDER_SANITIZER 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || defined(ATTEND_UNDER_SANITIZER)
 #define ATTEND_ALLOCATION_FAULTS 0
 #else
 #define ATTEND_ALLOCATION_FAULTS 1
