@@ -159,6 +159,21 @@ HWY_INLINE float KvAt(KvPtr<K> p, int64_t i) {
 // per stream. 16 keys: one block of 16 ahead, several hundred ns at a stream's pace.
 constexpr int64_t kPrefetchKeys = 16;
 
+// Keys ahead at which rows shared by a group (one K/V stream for the core) are prefetched
+// whole: a single stream keeps too few misses in flight to read at the core's share of the
+// memory bandwidth (decode-gqa read 7 GB/s on one Zen 4 thread, 4 streams of `decode` 12).
+// 64 keys of 128 float32 elements: 32 KiB ahead.
+constexpr int64_t kStreamAheadKeys = 64;
+
+// Prefetches the first `bytes` of key j's row (base + slot[j]·stride) when j < end.
+template <DType K>
+HWY_INLINE void PrefetchRow(KvPtr<K> base, const int64_t* slot, int64_t j, int64_t end,
+                            int64_t stride, int64_t bytes) {
+  if (j >= end) return;
+  const char* row = reinterpret_cast<const char*>(base + slot[j] * stride);
+  for (int64_t o = 0; o < bytes; o += 64) hwy::Prefetch(row + o);
+}
+
 // Whether a key of [j, j + 4) (before key_end) may start a new run of slots: the ends of the
 // four lie further apart than consecutive slots (a jump that a later one undid would be
 // missed: only a prefetch is lost).
@@ -311,6 +326,12 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
         }
       }
     }
+    if constexpr (kShared) {
+      for (int c = 0; c < 4; ++c) {
+        PrefetchRow<K>(key[0], slot, j + kStreamAheadKeys + c, key_end, key_stride,
+                       head_dim * kv_bytes<K>());
+      }
+    }
     for (int64_t e = 0; e < head_dim; e += kLanes) {
       VF k[4];
       if constexpr (kShared) {
@@ -391,121 +412,87 @@ HWY_INLINE void RowScores(const float* query, KvPtr<K> key, const int64_t* slot,
   if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
 }
 
-// out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows sharing one V (V[j] at value + slot[j]·
-// value_stride, each of its vectors loaded once for the G rows) and the vector columns c <
-// columns (a multiple of kLanes), starting from zero when `first`; when `last`, stores
-// out_r·factor_r into dest_r instead of out_r. kPaged: as in QuadScores.
-template <int G, DType K, bool kPaged>
-HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const int64_t* slot,
-                               int64_t value_stride, int64_t keys, int64_t columns, bool first,
-                               bool last, const float* factor, float* const* out,
-                               float* const* dest) {
-  const DF d;
-  int64_t c = 0;
-  for (; c + 2 * kLanes <= columns; c += 2 * kLanes) {
-    VF acc0[G], acc1[G];
-    for (int r = 0; r < G; ++r) {
-      acc0[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
-      acc1[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c + kLanes);
-    }
-    for (int64_t j = 0; j < keys; ++j) {
-      if (kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
-        for (int64_t k = j; k < j + 4; ++k) {
-          PrefetchRunStart<K>(value + c, slot, k + kPrefetchKeys, keys, value_stride, 2 * kLanes);
-        }
-      }
-      const KvPtr<K> v = value + slot[j] * value_stride + c;
-      const VF v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
-      for (int r = 0; r < G; ++r) {
-        const VF pj = hn::Set(d, prob[r][j]);
-        acc0[r] = hn::MulAdd(pj, v0, acc0[r]);
-        acc1[r] = hn::MulAdd(pj, v1, acc1[r]);
-      }
-    }
-    for (int r = 0; r < G; ++r) {
-      if (last) {
-        const VF f = hn::Set(d, factor[r]);
-        hn::StoreU(hn::Mul(acc0[r], f), d, dest[r] + c);
-        hn::StoreU(hn::Mul(acc1[r], f), d, dest[r] + c + kLanes);
-      } else {
-        hn::Store(acc0[r], d, out[r] + c);
-        hn::Store(acc1[r], d, out[r] + c + kLanes);
-      }
-    }
-  }
-  for (; c < columns; c += kLanes) {
-    VF acc[G];
-    for (int r = 0; r < G; ++r) acc[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
-    for (int64_t j = 0; j < keys; ++j) {
-      const VF v = LoadKV<K>(d, value + slot[j] * value_stride + c);
-      for (int r = 0; r < G; ++r) acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
-    }
-    for (int r = 0; r < G; ++r) {
-      if (last) {
-        hn::StoreU(hn::Mul(acc[r], hn::Set(d, factor[r])), d, dest[r] + c);
-      } else {
-        hn::Store(acc[r], d, out[r] + c);
-      }
-    }
-  }
+// Accumulators a block of P·V may hold (G rows × N vectors), beside the N loaded V vectors
+// and a broadcast probability: 32 registers on AVX-512, 16 below.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kPvAccumulators = 16;
+#else
+constexpr int kPvAccumulators = 8;
+#endif
+
+// Vectors per column block for G rows reading one V: the largest power of two, at most 8,
+// with G·N accumulators in kPvAccumulators. Wider blocks mean fewer passes over a key chunk's
+// V rows (decode-gqa's 128 columns: 2 passes for 4 rows on AVX-512, not 4; one for 1 row).
+template <int G>
+constexpr int ColumnBlock() {
+  int n = 8;
+  while (n > 1 && G * n > kPvAccumulators) n /= 2;
+  return n;
 }
 
-// out[c] (+)= Σ_j prob[j]·V[j][c] for one row and the N vector columns from c0 (V[j] at value
-// + slot[j]·value_stride), starting from zero when `first`; when `last`, stores out·factor
-// into dest instead of out. Each key's N vectors are loaded together: V is read in key order,
-// one stream, each byte once per column block. Per column the sum runs in key order, as in
-// AccumulateRows (the same bits). kPaged: as in AccumulateRows.
-template <int N, DType K, bool kPaged>
-HWY_INLINE void AccumulateRowBlock(const float* HWY_RESTRICT prob, KvPtr<K> value,
-                                   const int64_t* slot, int64_t value_stride, int64_t keys,
-                                   int64_t c0, bool first, bool last, float factor, float* out,
-                                   float* dest) {
+// out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows reading one V (V[j] at value + slot[j]·
+// value_stride; G > 1: rows sharing a K/V head, each V vector loaded once for all of them)
+// and the N vector columns from c0, starting from zero when `first`; when `last`, stores
+// out_r·factor_r into dest_r instead of out_r. V is read in key order, each byte once per
+// column block; per column the sum runs in key order whatever N is (the same bits for any
+// block width). With G > 1 (one stream for the core) the first block prefetches whole rows
+// (`columns`) kStreamAheadKeys ahead, up to slot_end (the slots valid from `slot`). kPaged:
+// as in QuadScores.
+template <int G, int N, DType K, bool kPaged>
+HWY_INLINE void AccumulateRowsBlock(const float* const* prob, KvPtr<K> value, const int64_t* slot,
+                                    int64_t value_stride, int64_t keys, int64_t slot_end,
+                                    int64_t columns, int64_t c0, bool first, bool last,
+                                    const float* factor, float* const* out, float* const* dest) {
   const DF d;
-  VF acc[N];
-  for (int n = 0; n < N; ++n) acc[n] = first ? hn::Zero(d) : hn::Load(d, out + c0 + n * kLanes);
+  VF acc[G][N];
+  for (int r = 0; r < G; ++r) {
+    for (int n = 0; n < N; ++n) {
+      acc[r][n] = first ? hn::Zero(d) : hn::Load(d, out[r] + c0 + n * kLanes);
+    }
+  }
   for (int64_t j = 0; j < keys; ++j) {
     if (kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
       for (int64_t k = j; k < j + 4; ++k) {
         PrefetchRunStart<K>(value + c0, slot, k + kPrefetchKeys, keys, value_stride, N * kLanes);
       }
     }
+    if (G > 1 && c0 == 0) {
+      PrefetchRow<K>(value, slot, j + kStreamAheadKeys, slot_end, value_stride,
+                     columns * kv_bytes<K>());
+    }
     const KvPtr<K> v = value + slot[j] * value_stride + c0;
-    const VF pj = hn::Set(d, prob[j]);
-    for (int n = 0; n < N; ++n) acc[n] = hn::MulAdd(pj, LoadKV<K>(d, v + n * kLanes), acc[n]);
+    VF vn[N];
+    for (int n = 0; n < N; ++n) vn[n] = LoadKV<K>(d, v + n * kLanes);
+    for (int r = 0; r < G; ++r) {
+      const VF pj = hn::Set(d, prob[r][j]);
+      for (int n = 0; n < N; ++n) acc[r][n] = hn::MulAdd(pj, vn[n], acc[r][n]);
+    }
   }
-  for (int n = 0; n < N; ++n) {
-    if (last) {
-      hn::StoreU(hn::Mul(acc[n], hn::Set(d, factor)), d, dest + c0 + n * kLanes);
-    } else {
-      hn::Store(acc[n], d, out + c0 + n * kLanes);
+  for (int r = 0; r < G; ++r) {
+    for (int n = 0; n < N; ++n) {
+      if (last) {
+        hn::StoreU(hn::Mul(acc[r][n], hn::Set(d, factor[r])), d, dest[r] + c0 + n * kLanes);
+      } else {
+        hn::Store(acc[r][n], d, out[r] + c0 + n * kLanes);
+      }
     }
   }
 }
 
-// AccumulateRowBlock over the vector columns c < columns (a multiple of kLanes) in blocks of
-// 8, 4, 2 and 1 vectors.
-template <DType K, bool kPaged>
-HWY_INLINE void AccumulateRow(const float* prob, KvPtr<K> value, const int64_t* slot,
-                              int64_t value_stride, int64_t keys, int64_t columns, bool first,
-                              bool last, float factor, float* out, float* dest) {
-  int64_t c = 0;
-  for (; c + 8 * kLanes <= columns; c += 8 * kLanes) {
-    AccumulateRowBlock<8, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                                     last, factor, out, dest);
+// AccumulateRowsBlock over the vector columns c0 ≤ c < columns (a multiple of kLanes) in
+// blocks of N vectors, then N/2, ..., 1.
+template <int G, DType K, bool kPaged, int N = ColumnBlock<G>()>
+HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const int64_t* slot,
+                               int64_t value_stride, int64_t keys, int64_t slot_end,
+                               int64_t columns, bool first, bool last, const float* factor,
+                               float* const* out, float* const* dest, int64_t c0 = 0) {
+  for (; c0 + N * kLanes <= columns; c0 += N * kLanes) {
+    AccumulateRowsBlock<G, N, K, kPaged>(prob, value, slot, value_stride, keys, slot_end,
+                                         columns, c0, first, last, factor, out, dest);
   }
-  if (c + 4 * kLanes <= columns) {
-    AccumulateRowBlock<4, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                                     last, factor, out, dest);
-    c += 4 * kLanes;
-  }
-  if (c + 2 * kLanes <= columns) {
-    AccumulateRowBlock<2, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                                     last, factor, out, dest);
-    c += 2 * kLanes;
-  }
-  if (c < columns) {
-    AccumulateRowBlock<1, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                                     last, factor, out, dest);
+  if constexpr (N > 1) {
+    AccumulateRows<G, K, kPaged, N / 2>(prob, value, slot, value_stride, keys, slot_end,
+                                        columns, first, last, factor, out, dest, c0);
   }
 }
 
@@ -772,12 +759,14 @@ class RowGroupAttention {
         const float* prob[G];
         for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
         AccumulateRows<G, K, kPaged>(prob, value_[0], ws_.slots + k0, p_.value_strides.row,
-                                     keys, vector_columns, first, last, out_factor_, out_, dest_);
+                                     keys, group_key_end_ - k0, vector_columns, first, last,
+                                     out_factor_, out_, dest_);
       } else {
         for (int r = 0; r < G; ++r) {
-          AccumulateRow<K, kPaged>(scores_[r] + k0, value_[r], ws_.slots + k0,
-                                   p_.value_strides.row, keys, vector_columns, first, last,
-                                   out_factor_[r], out_[r], dest_[r]);
+          const float* prob = scores_[r] + k0;
+          AccumulateRows<1, K, kPaged>(&prob, value_[r], ws_.slots + k0, p_.value_strides.row,
+                                       keys, group_key_end_ - k0, vector_columns, first, last,
+                                       &out_factor_[r], &out_[r], &dest_[r]);
         }
       }
     }
