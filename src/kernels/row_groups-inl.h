@@ -1,6 +1,6 @@
 // row_groups-inl.h: the few-query kernel (RowGroupAttention): lanes along E and Ev, up to
 // kRowGroup rows per work item sharing each load of K and V (or, decoding, rows of several
-// batch indices reading their own K and V). Compiled once per Highway target (include after
+// batch indices reading their own K and V, or up to kSharedRowGroup heads sharing one K/V head). Compiled once per Highway target (include after
 // forward_common-inl.h).
 #if defined(ATTEND_KERNELS_ROW_GROUPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTEND_KERNELS_ROW_GROUPS_INL_H_
@@ -37,7 +37,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // dependency chains (horizontal sums, max, exp, divisions) then overlap, and the rows share
 // each load of K and V. With one query per batch index (decoding) a group holds the rows of
 // kRowGroup consecutive batch indices instead, each reading its own K and V: separate
-// memory streams, where one stream per core leaves memory parallelism unused.
+// memory streams, where one stream per core leaves memory parallelism unused; or, where those
+// batch indices are query heads sharing one K/V head, up to kSharedRowGroup of them
+// (RowGroups::SharedRows), which read each K/V byte from memory once.
 //
 // Per row i:  s_j = (q_i·k_j)·scale·log2 e (+ bias), excluded → -1e9·log2 e, for the
 // visible keys j < key_end_i;  m = max_j s_j;  p_j = 2^(s_j − m);  l = Σ p_j;
@@ -52,6 +54,14 @@ constexpr int kRowGroup = 4;
 #else
 constexpr int kRowGroup = 2;
 #endif
+
+// Rows per group when the rows share one K/V head (decoding with grouped queries: the G ≤ 8
+// query heads of one K/V head, or 8 of more), so that each K/V byte is read from memory once
+// per head group. Their dots run over L1-sized blocks of keys in sub-groups of at most
+// kRowGroup rows (whose accumulators fit the registers): the first sub-group reads a block
+// from memory, the others from L1.
+constexpr int kSharedRowGroup = 8;
+constexpr int kMaxRowGroup = kSharedRowGroup > kRowGroup ? kSharedRowGroup : kRowGroup;
 
 // Row buffers live in the workspace object itself up to these sizes (short phrases: no
 // allocation per call), on the heap beyond.
@@ -197,8 +207,8 @@ HWY_INLINE void PrefetchRunStart(KvPtr<K> base, const int64_t* slot, int64_t j, 
 }
 
 struct RowWorkspace {
-  float* scores;   // [kRowGroup][score_stride]: Lk rounded up to lanes
-  float* out;      // [kRowGroup][out_stride]:   Ev rounded up to lanes
+  float* scores;   // [kMaxRowGroup][score_stride]: Lk rounded up to lanes
+  float* out;      // [kMaxRowGroup][out_stride]:   Ev rounded up to lanes
   // The storage row of each key of the current span (key_slot): without a block table,
   // slot_storage + span.begin, filled once per call (key j's row is j), else the span's
   // rows in slot_storage, resolved per item (SpanSlots).
@@ -209,11 +219,11 @@ struct RowWorkspace {
   int64_t out_stride;
   // The operands of the batch index tile_batch[r] (-1: none yet), row r's when a group
   // spans batch indices (one query per batch index: decoding), tiles[0] otherwise.
-  Tile tiles[kRowGroup] = {};
-  int64_t tile_batch[kRowGroup];
+  Tile tiles[kMaxRowGroup] = {};
+  int64_t tile_batch[kMaxRowGroup];
 
   explicit RowWorkspace(const SdpaParams& p) {
-    std::fill_n(tile_batch, kRowGroup, int64_t{-1});
+    std::fill_n(tile_batch, kMaxRowGroup, int64_t{-1});
     const auto lanes = static_cast<size_t>(kLanes);
     score_stride = static_cast<int64_t>(hwy::RoundUpTo(static_cast<size_t>(p.key_len), lanes));
     out_stride = static_cast<int64_t>(
@@ -222,7 +232,7 @@ struct RowWorkspace {
       scores = inline_scores_;
       slot_storage = inline_slots_;
     } else {
-      heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * score_stride));
+      heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kMaxRowGroup * score_stride));
       scores = heap_scores_.get();
       heap_slots_ = hwy::AllocateAligned<int64_t>(static_cast<size_t>(score_stride));
       slot_storage = heap_slots_.get();
@@ -241,7 +251,7 @@ struct RowWorkspace {
     if (out_stride <= kInlineValueDim) {
       out = inline_out_;
     } else {
-      heap_out_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * out_stride));
+      heap_out_ = hwy::AllocateAligned<float>(static_cast<size_t>(kMaxRowGroup * out_stride));
       out = heap_out_.get();
     }
   }
@@ -261,8 +271,8 @@ struct RowWorkspace {
   bool needs_keep = false;
 
  private:
-  alignas(64) float inline_scores_[kRowGroup * kInlineKeys];
-  alignas(64) float inline_out_[kRowGroup * kInlineValueDim];
+  alignas(64) float inline_scores_[kMaxRowGroup * kInlineKeys];
+  alignas(64) float inline_out_[kMaxRowGroup * kInlineValueDim];
   alignas(64) int64_t inline_slots_[kInlineKeys];
   hwy::AlignedFreeUniquePtr<float[]> heap_scores_;
   hwy::AlignedFreeUniquePtr<int64_t[]> heap_slots_;
@@ -302,10 +312,11 @@ HWY_INLINE void Dot4(const float* HWY_RESTRICT a, KvPtr<K> b0, KvPtr<K> b1, KvPt
 // reads its own K (rows of different heads: G streams from memory, where one would leave the core's
 // memory parallelism unused). kPaged: the slots jump between blocks (a block table), whose
 // starts are prefetched ahead (a template argument, so that contiguous K pays nothing).
+// Prefetches reach up to prefetch_end (≥ key_end: the slots valid from `slot`; 0: none).
 template <int G, bool kShared, bool kPaged, DType K>
 HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const int64_t* slot,
                            int64_t key_stride, int64_t head_dim, int64_t key_end, float* scores,
-                           int64_t score_stride) {
+                           int64_t score_stride, int64_t prefetch_end) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const auto lanes = hn::Iota(di, 0);
@@ -319,16 +330,17 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
     }
     int64_t row[4];
     for (int c = 0; c < 4; ++c) row[c] = slot[j + c] * key_stride;
-    if (kPaged && RunStartsIn4(slot, j + kPrefetchKeys, key_end)) {
+    if (kPaged && RunStartsIn4(slot, j + kPrefetchKeys, prefetch_end)) {
       for (int c = 0; c < 4; ++c) {
         for (int r = 0; r < (kShared ? 1 : G); ++r) {
-          PrefetchRunStart<K>(key[r], slot, j + kPrefetchKeys + c, key_end, key_stride, head_dim);
+          PrefetchRunStart<K>(key[r], slot, j + kPrefetchKeys + c, prefetch_end, key_stride,
+                              head_dim);
         }
       }
     }
     if constexpr (kShared) {
       for (int c = 0; c < 4; ++c) {
-        PrefetchRow<K>(key[0], slot, j + kStreamAheadKeys + c, key_end, key_stride,
+        PrefetchRow<K>(key[0], slot, j + kStreamAheadKeys + c, prefetch_end, key_stride,
                        head_dim * kv_bytes<K>());
       }
     }
@@ -796,10 +808,21 @@ class RowGroupAttention {
   void ComputeDots(int64_t key_end, bool shared) {
 #if ATTEND_QUAD_SUMS
     if (p_.head_dim % kLanes == 0) {
+      if constexpr (G > kRowGroup) {
+        // Blocks of keys whose K rows fill half the L1 cache (16 KiB, whole vectors), each
+        // taken by the sub-groups of kRowGroup rows in turn (the same sums per row).
+        const int64_t block = std::clamp<int64_t>(
+            (int64_t{16} << 10) / std::max<int64_t>(p_.head_dim * kv_bytes<K>(), 1) / 16 * 16,
+            16, 256);
+        for (int64_t k = 0; k < key_end; k += block) {
+          SubGroupDots<0>(shared, k, std::min(block, key_end - k), key_end - k);
+        }
+        return;
+      }
       const auto quads = [&](auto shared_keys, auto paged) {
         QuadScores<G, decltype(shared_keys)::value, decltype(paged)::value, K>(
             query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
-            ws_.score_stride);
+            ws_.score_stride, key_end);
       };
       if (shared) {
         paged_ ? quads(std::true_type{}, std::true_type{})
@@ -817,6 +840,29 @@ class RowGroupAttention {
                    scores_[r]);
     }
   }
+
+#if ATTEND_QUAD_SUMS
+  // Scores of the keys [k, k + keys) for rows R0 ≤ r < G, kRowGroup rows at a time; the first
+  // sub-group prefetches ahead up to prefetch_end keys from k, the later ones read the block
+  // from L1.
+  template <int R0>
+  HWY_INLINE void SubGroupDots(bool shared, int64_t k, int64_t keys, int64_t prefetch_end) {
+    constexpr int R = G - R0 < kRowGroup ? G - R0 : kRowGroup;
+    const auto quads = [&](auto shared_keys, auto paged) {
+      QuadScores<R, decltype(shared_keys)::value, decltype(paged)::value, K>(
+          query_ + R0, key_ + R0, ws_.slots + k, p_.key_strides.row, p_.head_dim, keys,
+          ws_.scores + R0 * ws_.score_stride + k, ws_.score_stride, prefetch_end);
+    };
+    if (shared) {
+      paged_ ? quads(std::true_type{}, std::true_type{})
+             : quads(std::true_type{}, std::false_type{});
+    } else {
+      paged_ ? quads(std::false_type{}, std::true_type{})
+             : quads(std::false_type{}, std::false_type{});
+    }
+    if constexpr (R0 + R < G) SubGroupDots<R0 + R>(shared, k, keys, shared ? 0 : prefetch_end);
+  }
+#endif
 
   const SdpaParams& p_;
   RowWorkspace& ws_;
@@ -843,7 +889,8 @@ class RowGroupAttention {
 };
 
 // Work items: groups of up to kRowGroup consecutive rows of one batch index or, with one
-// query per batch index (decoding), the rows of up to kRowGroup consecutive batch indices.
+// query per batch index (decoding), the rows of up to RowGroups::size consecutive batch
+// indices.
 template <int G, DType K>
 void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, bool across,
                  KeySpan span) {
@@ -875,34 +922,48 @@ void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, 
 
 // The row groups of a call: item → (first batch index, first query, rows).
 struct RowGroups {
-  bool across;  // one query per batch index: a group spans kRowGroup batch indices
+  bool across;  // one query per batch index: a group spans `size` batch indices
+  int size;     // rows per group: kRowGroup, or the heads sharing one K/V head (SharedRows)
   int64_t per_batch;
   int64_t count;
 
   explicit RowGroups(const SdpaParams& p)
       : across(p.query_len == 1),
+        size(across ? SharedRows(p) : kRowGroup),
         per_batch(across ? 1 : (p.query_len + kRowGroup - 1) / kRowGroup),
-        count(across ? (p.batch + kRowGroup - 1) / kRowGroup : p.batch * per_batch) {}
-  int64_t first_batch(int64_t item) const { return across ? item * kRowGroup : item / per_batch; }
+        count(across ? (p.batch + size - 1) / size : p.batch * per_batch) {}
+  int64_t first_batch(int64_t item) const { return across ? item * size : item / per_batch; }
   int64_t first_query(int64_t item) const {
     return across ? 0 : (item - first_batch(item) * per_batch) * kRowGroup;
   }
-  // Consecutive items that read the same K and V (RunItems' share): the query heads of one
-  // K/V head (K and V broadcast with stride 0 over the last batch dimension, as
-  // split_kv_heads and multi-query views make them) in whole row groups, with each head's
-  // row groups.
-  int64_t share(const SdpaParams& p) const {
+  // Whether K and V are broadcast (stride 0) over the last batch dimension, as
+  // split_kv_heads and multi-query views make them: its `heads` query heads read one K/V head.
+  static bool Broadcast(const SdpaParams& p) {
     constexpr int d = kMaxBatchRank - 1;
-    const int64_t heads = p.batch_shape[d];
-    const bool broadcast = heads > 1 && p.key_strides.batch[d] == 0 &&
-                           p.value_strides.batch[d] == 0 && p.key_scale_strides.batch[d] == 0 &&
-                           p.value_scale_strides.batch[d] == 0;
-    if (across) return broadcast && heads % kRowGroup == 0 ? heads / kRowGroup : 1;
+    return p.batch_shape[d] > 1 && p.key_strides.batch[d] == 0 &&
+           p.value_strides.batch[d] == 0 && p.key_scale_strides.batch[d] == 0 &&
+           p.value_scale_strides.batch[d] == 0;
+  }
+  // Decoding: the query heads of one K/V head as one group (each K/V byte read once per
+  // group) when they are at most kSharedRowGroup, else kSharedRowGroup of them when that
+  // divides their number; kRowGroup otherwise.
+  static int SharedRows(const SdpaParams& p) {
+    const int64_t heads = p.batch_shape[kMaxBatchRank - 1];
+    if (!Broadcast(p)) return kRowGroup;
+    if (heads <= kSharedRowGroup) return static_cast<int>(heads);
+    return heads % kSharedRowGroup == 0 ? kSharedRowGroup : kRowGroup;
+  }
+  // Consecutive items that read the same K and V (RunItems' share): the query heads of one
+  // K/V head in whole row groups, with each head's row groups.
+  int64_t share(const SdpaParams& p) const {
+    const int64_t heads = p.batch_shape[kMaxBatchRank - 1];
+    const bool broadcast = Broadcast(p);
+    if (across) return broadcast && heads % size == 0 ? heads / size : 1;
     return (broadcast ? heads : 1) * per_batch;
   }
   int64_t rows(const SdpaParams& p, int64_t item) const {
-    return std::min<int64_t>(
-        kRowGroup, across ? p.batch - first_batch(item) : p.query_len - first_query(item));
+    return std::min<int64_t>(size,
+                             across ? p.batch - first_batch(item) : p.query_len - first_query(item));
   }
   void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     switch (p.kv_format) {
@@ -923,12 +984,25 @@ struct RowGroups {
   template <DType K>
   void RunOfType(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     const int64_t b0 = first_batch(item), q0 = first_query(item), n = rows(p, item);
-    if constexpr (kRowGroup == 4) {
-      if (n == 4) return RunRowGroup<4, K>(p, ws, b0, q0, across, span);
-      if (n == 3) return RunRowGroup<3, K>(p, ws, b0, q0, across, span);
+    static_assert(kMaxRowGroup == 8);
+    switch (n) {
+      case 8:
+        return RunRowGroup<8, K>(p, ws, b0, q0, across, span);
+      case 7:
+        return RunRowGroup<7, K>(p, ws, b0, q0, across, span);
+      case 6:
+        return RunRowGroup<6, K>(p, ws, b0, q0, across, span);
+      case 5:
+        return RunRowGroup<5, K>(p, ws, b0, q0, across, span);
+      case 4:
+        return RunRowGroup<4, K>(p, ws, b0, q0, across, span);
+      case 3:
+        return RunRowGroup<3, K>(p, ws, b0, q0, across, span);
+      case 2:
+        return RunRowGroup<2, K>(p, ws, b0, q0, across, span);
+      default:
+        return RunRowGroup<1, K>(p, ws, b0, q0, across, span);
     }
-    if (n == 2) return RunRowGroup<2, K>(p, ws, b0, q0, across, span);
-    RunRowGroup<1, K>(p, ws, b0, q0, across, span);
   }
 };
 
