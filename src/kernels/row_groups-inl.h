@@ -1,7 +1,7 @@
 // row_groups-inl.h: the few-query kernel (RowGroupAttention): lanes along E and Ev, up to
-// kRowGroup rows per work item sharing each load of K and V (or, decoding, rows of several
-// batch indices reading their own K and V, or up to kSharedRowGroup heads sharing one K/V head). Compiled once per Highway target (include after
-// forward_common-inl.h).
+// kRowGroup rows per work item sharing each load of K and V (or, decoding, rows of several batch
+// indices reading their own K and V, or up to kSharedRowGroup heads sharing one K/V head).
+// Compiled once per Highway target (include after forward_common-inl.h).
 #if defined(ATTEND_KERNELS_ROW_GROUPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTEND_KERNELS_ROW_GROUPS_INL_H_
 #undef ATTEND_KERNELS_ROW_GROUPS_INL_H_
@@ -962,8 +962,8 @@ struct RowGroups {
     return (broadcast ? heads : 1) * per_batch;
   }
   int64_t rows(const SdpaParams& p, int64_t item) const {
-    return std::min<int64_t>(size,
-                             across ? p.batch - first_batch(item) : p.query_len - first_query(item));
+    const int64_t left = across ? p.batch - first_batch(item) : p.query_len - first_query(item);
+    return std::min<int64_t>(size, left);
   }
   void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     switch (p.kv_format) {
