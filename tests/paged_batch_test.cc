@@ -215,7 +215,7 @@ TEST(PagedBatch, UnitsAreAtMostTwoShareChunks) {
 }
 
 TEST(PagedBatch, EqualsTheDenseListing) {
-  for (const int64_t group : {1, 2, 3, 8}) {
+  for (const int64_t group : {1, 2, 3, 5, 6, 7, 8}) {
     const Tensor sinks = random_tensor(Shape({kKvHeads * group}), 5);
     for (const int64_t block_size : {16, 5}) {
       const Batch b = make_batch(kLens, kQueryLens, block_size, group,
@@ -225,6 +225,29 @@ TEST(PagedBatch, EqualsTheDenseListing) {
         AttentionOptions listing = options;
         listing.backend = Backend::kReference;
         const std::string what = std::string(name) + ", G " + std::to_string(group) +
+                                 ", block " + std::to_string(block_size);
+        expect_within_the_error_model(b, paged(b, options), dense(b, listing), what);
+      }
+    }
+  }
+}
+
+// Decoding only (one query per sequence): the row groups take the G query heads of a K/V
+// head as one group (G 5 to 8 here), each sequence's keys through a shuffled block table,
+// lengths 0 (no query) and 1, within and across blocks, and long enough for the key split.
+TEST(PagedBatch, DecodeGroupsOfFiveToEightHeadsEqualTheDenseListing) {
+  const std::vector<int64_t> lens = {0, 1, 5, 16, 17, 33, 1100, 2600};
+  const std::vector<int64_t> q_lens = {0, 1, 1, 1, 1, 1, 1, 1};  // no query without keys
+  for (const int64_t group : {5, 6, 7, 8}) {
+    const Tensor sinks = random_tensor(Shape({kKvHeads * group}), 8);
+    for (const int64_t block_size : {16, 5}) {
+      const Batch b = make_batch(lens, q_lens, block_size, group,
+                                 static_cast<uint32_t>(70 + 10 * group + block_size));
+      for (const auto& [name, options] :
+           {std::pair{"causal", causal()}, std::pair{"every rule", every_rule(sinks)}}) {
+        AttentionOptions listing = options;
+        listing.backend = Backend::kReference;
+        const std::string what = std::string(name) + ", decode G " + std::to_string(group) +
                                  ", block " + std::to_string(block_size);
         expect_within_the_error_model(b, paged(b, options), dense(b, listing), what);
       }
@@ -255,7 +278,7 @@ TEST(PagedBatch, EachSequenceHasItsDenseCallsBits) {
 // The same batch at 1, 2 and 3 threads, and cut into calls of one sequence, of two halves
 // and of three uneven parts: the same bits.
 TEST(PagedBatch, BitwiseAtAnyThreadCountAndAnyCut) {
-  for (const int64_t group : {1, 8}) {
+  for (const int64_t group : {1, 5, 8}) {
     const Tensor sinks = random_tensor(Shape({kKvHeads * group}), 7);
     const Batch b = make_batch(kLens, kQueryLens, 16, group, static_cast<uint32_t>(50 + group));
     for (AttentionOptions options : {causal(), every_rule(sinks)}) {

@@ -84,7 +84,7 @@ HWY_INLINE bool LocateRow(const SdpaParams& p, const RowGroups& groups, int64_t 
 void RunAllRows(const SdpaParams& p) {
   const RowGroups groups(p);
   RunItems<RowWorkspace>(
-      p, groups.count, kRowGroup,
+      p, groups.count, groups.size,
       [&](RowWorkspace& ws, int64_t item, KeySpan span) { groups.Run(p, ws, item, span); },
       [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
         return LocateRow(p, groups, item, r, batch, query);
@@ -112,10 +112,10 @@ void FusedSdpaRowsBatch(const SdpaParams* problems, int64_t count) {
     widest.key_len = std::max(widest.key_len, problems[s].key_len);
   }
   RunBatchItems<BatchRowWorkspace>(
-      widest, problems, items.data(), count, kRowGroup,
+      widest, problems, items.data(), count, kMaxRowGroup,
       [&](BatchRowWorkspace& ws, int64_t s, int64_t item, KeySpan span) {
         if (ws.problem != s) {
-          std::fill_n(ws.tile_batch, kRowGroup, int64_t{-1});
+          std::fill_n(ws.tile_batch, kMaxRowGroup, int64_t{-1});
           ws.problem = s;
         }
         groups[static_cast<size_t>(s)].Run(problems[s], ws, item, span);

@@ -1,7 +1,7 @@
 // row_groups-inl.h: the few-query kernel (RowGroupAttention): lanes along E and Ev, up to
-// kRowGroup rows per work item sharing each load of K and V (or, decoding, rows of several
-// batch indices reading their own K and V). Compiled once per Highway target (include after
-// forward_common-inl.h).
+// kRowGroup rows per work item sharing each load of K and V (or, decoding, rows of several batch
+// indices reading their own K and V, or up to kSharedRowGroup heads sharing one K/V head).
+// Compiled once per Highway target (include after forward_common-inl.h).
 #if defined(ATTEND_KERNELS_ROW_GROUPS_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTEND_KERNELS_ROW_GROUPS_INL_H_
 #undef ATTEND_KERNELS_ROW_GROUPS_INL_H_
@@ -37,7 +37,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 // dependency chains (horizontal sums, max, exp, divisions) then overlap, and the rows share
 // each load of K and V. With one query per batch index (decoding) a group holds the rows of
 // kRowGroup consecutive batch indices instead, each reading its own K and V: separate
-// memory streams, where one stream per core leaves memory parallelism unused.
+// memory streams, where one stream per core leaves memory parallelism unused; or, where those
+// batch indices are query heads sharing one K/V head, up to kSharedRowGroup of them
+// (RowGroups::SharedRows), which read each K/V byte from memory once.
 //
 // Per row i:  s_j = (q_i·k_j)·scale·log2 e (+ bias), excluded → -1e9·log2 e, for the
 // visible keys j < key_end_i;  m = max_j s_j;  p_j = 2^(s_j − m);  l = Σ p_j;
@@ -52,6 +54,14 @@ constexpr int kRowGroup = 4;
 #else
 constexpr int kRowGroup = 2;
 #endif
+
+// Rows per group when the rows share one K/V head (decoding with grouped queries: the G ≤ 8
+// query heads of one K/V head, or 8 of more), so that each K/V byte is read from memory once
+// per head group. Their dots run over L1-sized blocks of keys in sub-groups of at most
+// kRowGroup rows (whose accumulators fit the registers): the first sub-group reads a block
+// from memory, the others from L1.
+constexpr int kSharedRowGroup = 8;
+constexpr int kMaxRowGroup = kSharedRowGroup > kRowGroup ? kSharedRowGroup : kRowGroup;
 
 // Row buffers live in the workspace object itself up to these sizes (short phrases: no
 // allocation per call), on the heap beyond.
@@ -159,6 +169,21 @@ HWY_INLINE float KvAt(KvPtr<K> p, int64_t i) {
 // per stream. 16 keys: one block of 16 ahead, several hundred ns at a stream's pace.
 constexpr int64_t kPrefetchKeys = 16;
 
+// Keys ahead at which rows shared by a group (one K/V stream for the core) are prefetched
+// whole: a single stream keeps too few misses in flight to read at the core's share of the
+// memory bandwidth (decode-gqa read 7 GB/s on one Zen 4 thread, 4 streams of `decode` 12).
+// 64 keys of 128 float32 elements: 32 KiB ahead.
+constexpr int64_t kStreamAheadKeys = 64;
+
+// Prefetches the first `bytes` of key j's row (base + slot[j]·stride) when j < end.
+template <DType K>
+HWY_INLINE void PrefetchRow(KvPtr<K> base, const int64_t* slot, int64_t j, int64_t end,
+                            int64_t stride, int64_t bytes) {
+  if (j >= end) return;
+  const char* row = reinterpret_cast<const char*>(base + slot[j] * stride);
+  for (int64_t o = 0; o < bytes; o += 64) hwy::Prefetch(row + o);
+}
+
 // Whether a key of [j, j + 4) (before key_end) may start a new run of slots: the ends of the
 // four lie further apart than consecutive slots (a jump that a later one undid would be
 // missed: only a prefetch is lost).
@@ -182,8 +207,8 @@ HWY_INLINE void PrefetchRunStart(KvPtr<K> base, const int64_t* slot, int64_t j, 
 }
 
 struct RowWorkspace {
-  float* scores;   // [kRowGroup][score_stride]: Lk rounded up to lanes
-  float* out;      // [kRowGroup][out_stride]:   Ev rounded up to lanes
+  float* scores;   // [kMaxRowGroup][score_stride]: Lk rounded up to lanes
+  float* out;      // [kMaxRowGroup][out_stride]:   Ev rounded up to lanes
   // The storage row of each key of the current span (key_slot): without a block table,
   // slot_storage + span.begin, filled once per call (key j's row is j), else the span's
   // rows in slot_storage, resolved per item (SpanSlots).
@@ -194,11 +219,11 @@ struct RowWorkspace {
   int64_t out_stride;
   // The operands of the batch index tile_batch[r] (-1: none yet), row r's when a group
   // spans batch indices (one query per batch index: decoding), tiles[0] otherwise.
-  Tile tiles[kRowGroup] = {};
-  int64_t tile_batch[kRowGroup];
+  Tile tiles[kMaxRowGroup] = {};
+  int64_t tile_batch[kMaxRowGroup];
 
   explicit RowWorkspace(const SdpaParams& p) {
-    std::fill_n(tile_batch, kRowGroup, int64_t{-1});
+    std::fill_n(tile_batch, kMaxRowGroup, int64_t{-1});
     const auto lanes = static_cast<size_t>(kLanes);
     score_stride = static_cast<int64_t>(hwy::RoundUpTo(static_cast<size_t>(p.key_len), lanes));
     out_stride = static_cast<int64_t>(
@@ -207,7 +232,7 @@ struct RowWorkspace {
       scores = inline_scores_;
       slot_storage = inline_slots_;
     } else {
-      heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * score_stride));
+      heap_scores_ = hwy::AllocateAligned<float>(static_cast<size_t>(kMaxRowGroup * score_stride));
       scores = heap_scores_.get();
       heap_slots_ = hwy::AllocateAligned<int64_t>(static_cast<size_t>(score_stride));
       slot_storage = heap_slots_.get();
@@ -226,7 +251,7 @@ struct RowWorkspace {
     if (out_stride <= kInlineValueDim) {
       out = inline_out_;
     } else {
-      heap_out_ = hwy::AllocateAligned<float>(static_cast<size_t>(kRowGroup * out_stride));
+      heap_out_ = hwy::AllocateAligned<float>(static_cast<size_t>(kMaxRowGroup * out_stride));
       out = heap_out_.get();
     }
   }
@@ -246,8 +271,8 @@ struct RowWorkspace {
   bool needs_keep = false;
 
  private:
-  alignas(64) float inline_scores_[kRowGroup * kInlineKeys];
-  alignas(64) float inline_out_[kRowGroup * kInlineValueDim];
+  alignas(64) float inline_scores_[kMaxRowGroup * kInlineKeys];
+  alignas(64) float inline_out_[kMaxRowGroup * kInlineValueDim];
   alignas(64) int64_t inline_slots_[kInlineKeys];
   hwy::AlignedFreeUniquePtr<float[]> heap_scores_;
   hwy::AlignedFreeUniquePtr<int64_t[]> heap_slots_;
@@ -287,10 +312,11 @@ HWY_INLINE void Dot4(const float* HWY_RESTRICT a, KvPtr<K> b0, KvPtr<K> b1, KvPt
 // reads its own K (rows of different heads: G streams from memory, where one would leave the core's
 // memory parallelism unused). kPaged: the slots jump between blocks (a block table), whose
 // starts are prefetched ahead (a template argument, so that contiguous K pays nothing).
+// Prefetches reach up to prefetch_end (≥ key_end: the slots valid from `slot`; 0: none).
 template <int G, bool kShared, bool kPaged, DType K>
 HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const int64_t* slot,
                            int64_t key_stride, int64_t head_dim, int64_t key_end, float* scores,
-                           int64_t score_stride) {
+                           int64_t score_stride, int64_t prefetch_end) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const auto lanes = hn::Iota(di, 0);
@@ -304,11 +330,18 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
     }
     int64_t row[4];
     for (int c = 0; c < 4; ++c) row[c] = slot[j + c] * key_stride;
-    if (kPaged && RunStartsIn4(slot, j + kPrefetchKeys, key_end)) {
+    if (kPaged && RunStartsIn4(slot, j + kPrefetchKeys, prefetch_end)) {
       for (int c = 0; c < 4; ++c) {
         for (int r = 0; r < (kShared ? 1 : G); ++r) {
-          PrefetchRunStart<K>(key[r], slot, j + kPrefetchKeys + c, key_end, key_stride, head_dim);
+          PrefetchRunStart<K>(key[r], slot, j + kPrefetchKeys + c, prefetch_end, key_stride,
+                              head_dim);
         }
+      }
+    }
+    if constexpr (kShared) {
+      for (int c = 0; c < 4; ++c) {
+        PrefetchRow<K>(key[0], slot, j + kStreamAheadKeys + c, prefetch_end, key_stride,
+                       head_dim * kv_bytes<K>());
       }
     }
     for (int64_t e = 0; e < head_dim; e += kLanes) {
@@ -391,121 +424,87 @@ HWY_INLINE void RowScores(const float* query, KvPtr<K> key, const int64_t* slot,
   if (key_end % kLanes != 0) hn::Store(pending, d, scores + key_end - key_end % kLanes);
 }
 
-// out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows sharing one V (V[j] at value + slot[j]·
-// value_stride, each of its vectors loaded once for the G rows) and the vector columns c <
-// columns (a multiple of kLanes), starting from zero when `first`; when `last`, stores
-// out_r·factor_r into dest_r instead of out_r. kPaged: as in QuadScores.
-template <int G, DType K, bool kPaged>
-HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const int64_t* slot,
-                               int64_t value_stride, int64_t keys, int64_t columns, bool first,
-                               bool last, const float* factor, float* const* out,
-                               float* const* dest) {
-  const DF d;
-  int64_t c = 0;
-  for (; c + 2 * kLanes <= columns; c += 2 * kLanes) {
-    VF acc0[G], acc1[G];
-    for (int r = 0; r < G; ++r) {
-      acc0[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
-      acc1[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c + kLanes);
-    }
-    for (int64_t j = 0; j < keys; ++j) {
-      if (kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
-        for (int64_t k = j; k < j + 4; ++k) {
-          PrefetchRunStart<K>(value + c, slot, k + kPrefetchKeys, keys, value_stride, 2 * kLanes);
-        }
-      }
-      const KvPtr<K> v = value + slot[j] * value_stride + c;
-      const VF v0 = LoadKV<K>(d, v), v1 = LoadKV<K>(d, v + kLanes);
-      for (int r = 0; r < G; ++r) {
-        const VF pj = hn::Set(d, prob[r][j]);
-        acc0[r] = hn::MulAdd(pj, v0, acc0[r]);
-        acc1[r] = hn::MulAdd(pj, v1, acc1[r]);
-      }
-    }
-    for (int r = 0; r < G; ++r) {
-      if (last) {
-        const VF f = hn::Set(d, factor[r]);
-        hn::StoreU(hn::Mul(acc0[r], f), d, dest[r] + c);
-        hn::StoreU(hn::Mul(acc1[r], f), d, dest[r] + c + kLanes);
-      } else {
-        hn::Store(acc0[r], d, out[r] + c);
-        hn::Store(acc1[r], d, out[r] + c + kLanes);
-      }
-    }
-  }
-  for (; c < columns; c += kLanes) {
-    VF acc[G];
-    for (int r = 0; r < G; ++r) acc[r] = first ? hn::Zero(d) : hn::Load(d, out[r] + c);
-    for (int64_t j = 0; j < keys; ++j) {
-      const VF v = LoadKV<K>(d, value + slot[j] * value_stride + c);
-      for (int r = 0; r < G; ++r) acc[r] = hn::MulAdd(hn::Set(d, prob[r][j]), v, acc[r]);
-    }
-    for (int r = 0; r < G; ++r) {
-      if (last) {
-        hn::StoreU(hn::Mul(acc[r], hn::Set(d, factor[r])), d, dest[r] + c);
-      } else {
-        hn::Store(acc[r], d, out[r] + c);
-      }
-    }
-  }
+// Accumulators a block of P·V may hold (G rows × N vectors), beside the N loaded V vectors
+// and a broadcast probability: 32 registers on AVX-512, 16 below.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kPvAccumulators = 16;
+#else
+constexpr int kPvAccumulators = 8;
+#endif
+
+// Vectors per column block for G rows reading one V: the largest power of two, at most 8,
+// with G·N accumulators in kPvAccumulators. Wider blocks mean fewer passes over a key chunk's
+// V rows (decode-gqa's 128 columns: 2 passes for 4 rows on AVX-512, not 4; one for 1 row).
+template <int G>
+constexpr int ColumnBlock() {
+  int n = 8;
+  while (n > 1 && G * n > kPvAccumulators) n /= 2;
+  return n;
 }
 
-// out[c] (+)= Σ_j prob[j]·V[j][c] for one row and the N vector columns from c0 (V[j] at value
-// + slot[j]·value_stride), starting from zero when `first`; when `last`, stores out·factor
-// into dest instead of out. Each key's N vectors are loaded together: V is read in key order,
-// one stream, each byte once per column block. Per column the sum runs in key order, as in
-// AccumulateRows (the same bits). kPaged: as in AccumulateRows.
-template <int N, DType K, bool kPaged>
-HWY_INLINE void AccumulateRowBlock(const float* HWY_RESTRICT prob, KvPtr<K> value,
-                                   const int64_t* slot, int64_t value_stride, int64_t keys,
-                                   int64_t c0, bool first, bool last, float factor, float* out,
-                                   float* dest) {
+// out_r[c] (+)= Σ_j prob_r[j]·V[j][c] for G rows reading one V (V[j] at value + slot[j]·
+// value_stride; G > 1: rows sharing a K/V head, each V vector loaded once for all of them)
+// and the N vector columns from c0, starting from zero when `first`; when `last`, stores
+// out_r·factor_r into dest_r instead of out_r. V is read in key order, each byte once per
+// column block; per column the sum runs in key order whatever N is (the same bits for any
+// block width). With G > 1 (one stream for the core) the first block prefetches whole rows
+// (`columns`) kStreamAheadKeys ahead, up to slot_end (the slots valid from `slot`). kPaged:
+// as in QuadScores.
+template <int G, int N, DType K, bool kPaged>
+HWY_INLINE void AccumulateRowsBlock(const float* const* prob, KvPtr<K> value, const int64_t* slot,
+                                    int64_t value_stride, int64_t keys, int64_t slot_end,
+                                    int64_t columns, int64_t c0, bool first, bool last,
+                                    const float* factor, float* const* out, float* const* dest) {
   const DF d;
-  VF acc[N];
-  for (int n = 0; n < N; ++n) acc[n] = first ? hn::Zero(d) : hn::Load(d, out + c0 + n * kLanes);
+  VF acc[G][N];
+  for (int r = 0; r < G; ++r) {
+    for (int n = 0; n < N; ++n) {
+      acc[r][n] = first ? hn::Zero(d) : hn::Load(d, out[r] + c0 + n * kLanes);
+    }
+  }
   for (int64_t j = 0; j < keys; ++j) {
     if (kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
       for (int64_t k = j; k < j + 4; ++k) {
         PrefetchRunStart<K>(value + c0, slot, k + kPrefetchKeys, keys, value_stride, N * kLanes);
       }
     }
+    if (G > 1 && c0 == 0) {
+      PrefetchRow<K>(value, slot, j + kStreamAheadKeys, slot_end, value_stride,
+                     columns * kv_bytes<K>());
+    }
     const KvPtr<K> v = value + slot[j] * value_stride + c0;
-    const VF pj = hn::Set(d, prob[j]);
-    for (int n = 0; n < N; ++n) acc[n] = hn::MulAdd(pj, LoadKV<K>(d, v + n * kLanes), acc[n]);
+    VF vn[N];
+    for (int n = 0; n < N; ++n) vn[n] = LoadKV<K>(d, v + n * kLanes);
+    for (int r = 0; r < G; ++r) {
+      const VF pj = hn::Set(d, prob[r][j]);
+      for (int n = 0; n < N; ++n) acc[r][n] = hn::MulAdd(pj, vn[n], acc[r][n]);
+    }
   }
-  for (int n = 0; n < N; ++n) {
-    if (last) {
-      hn::StoreU(hn::Mul(acc[n], hn::Set(d, factor)), d, dest + c0 + n * kLanes);
-    } else {
-      hn::Store(acc[n], d, out + c0 + n * kLanes);
+  for (int r = 0; r < G; ++r) {
+    for (int n = 0; n < N; ++n) {
+      if (last) {
+        hn::StoreU(hn::Mul(acc[r][n], hn::Set(d, factor[r])), d, dest[r] + c0 + n * kLanes);
+      } else {
+        hn::Store(acc[r][n], d, out[r] + c0 + n * kLanes);
+      }
     }
   }
 }
 
-// AccumulateRowBlock over the vector columns c < columns (a multiple of kLanes) in blocks of
-// 8, 4, 2 and 1 vectors.
-template <DType K, bool kPaged>
-HWY_INLINE void AccumulateRow(const float* prob, KvPtr<K> value, const int64_t* slot,
-                              int64_t value_stride, int64_t keys, int64_t columns, bool first,
-                              bool last, float factor, float* out, float* dest) {
-  int64_t c = 0;
-  for (; c + 8 * kLanes <= columns; c += 8 * kLanes) {
-    AccumulateRowBlock<8, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                                     last, factor, out, dest);
+// AccumulateRowsBlock over the vector columns c0 ≤ c < columns (a multiple of kLanes) in
+// blocks of N vectors, then N/2, ..., 1.
+template <int G, DType K, bool kPaged, int N = ColumnBlock<G>()>
+HWY_INLINE void AccumulateRows(const float* const* prob, KvPtr<K> value, const int64_t* slot,
+                               int64_t value_stride, int64_t keys, int64_t slot_end,
+                               int64_t columns, bool first, bool last, const float* factor,
+                               float* const* out, float* const* dest, int64_t c0 = 0) {
+  for (; c0 + N * kLanes <= columns; c0 += N * kLanes) {
+    AccumulateRowsBlock<G, N, K, kPaged>(prob, value, slot, value_stride, keys, slot_end,
+                                         columns, c0, first, last, factor, out, dest);
   }
-  if (c + 4 * kLanes <= columns) {
-    AccumulateRowBlock<4, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                                     last, factor, out, dest);
-    c += 4 * kLanes;
-  }
-  if (c + 2 * kLanes <= columns) {
-    AccumulateRowBlock<2, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                                     last, factor, out, dest);
-    c += 2 * kLanes;
-  }
-  if (c < columns) {
-    AccumulateRowBlock<1, K, kPaged>(prob, value, slot, value_stride, keys, c, first,
-                                     last, factor, out, dest);
+  if constexpr (N > 1) {
+    AccumulateRows<G, K, kPaged, N / 2>(prob, value, slot, value_stride, keys, slot_end,
+                                        columns, first, last, factor, out, dest, c0);
   }
 }
 
@@ -772,12 +771,14 @@ class RowGroupAttention {
         const float* prob[G];
         for (int r = 0; r < G; ++r) prob[r] = scores_[r] + k0;
         AccumulateRows<G, K, kPaged>(prob, value_[0], ws_.slots + k0, p_.value_strides.row,
-                                     keys, vector_columns, first, last, out_factor_, out_, dest_);
+                                     keys, group_key_end_ - k0, vector_columns, first, last,
+                                     out_factor_, out_, dest_);
       } else {
         for (int r = 0; r < G; ++r) {
-          AccumulateRow<K, kPaged>(scores_[r] + k0, value_[r], ws_.slots + k0,
-                                   p_.value_strides.row, keys, vector_columns, first, last,
-                                   out_factor_[r], out_[r], dest_[r]);
+          const float* prob = scores_[r] + k0;
+          AccumulateRows<1, K, kPaged>(&prob, value_[r], ws_.slots + k0, p_.value_strides.row,
+                                       keys, group_key_end_ - k0, vector_columns, first, last,
+                                       &out_factor_[r], &out_[r], &dest_[r]);
         }
       }
     }
@@ -807,10 +808,21 @@ class RowGroupAttention {
   void ComputeDots(int64_t key_end, bool shared) {
 #if ATTEND_QUAD_SUMS
     if (p_.head_dim % kLanes == 0) {
+      if constexpr (G > kRowGroup) {
+        // Blocks of keys whose K rows fill half the L1 cache (16 KiB, whole vectors), each
+        // taken by the sub-groups of kRowGroup rows in turn (the same sums per row).
+        const int64_t block = std::clamp<int64_t>(
+            (int64_t{16} << 10) / std::max<int64_t>(p_.head_dim * kv_bytes<K>(), 1) / 16 * 16,
+            16, 256);
+        for (int64_t k = 0; k < key_end; k += block) {
+          SubGroupDots<0>(shared, k, std::min(block, key_end - k), key_end - k);
+        }
+        return;
+      }
       const auto quads = [&](auto shared_keys, auto paged) {
         QuadScores<G, decltype(shared_keys)::value, decltype(paged)::value, K>(
             query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
-            ws_.score_stride);
+            ws_.score_stride, key_end);
       };
       if (shared) {
         paged_ ? quads(std::true_type{}, std::true_type{})
@@ -828,6 +840,29 @@ class RowGroupAttention {
                    scores_[r]);
     }
   }
+
+#if ATTEND_QUAD_SUMS
+  // Scores of the keys [k, k + keys) for rows R0 ≤ r < G, kRowGroup rows at a time; the first
+  // sub-group prefetches ahead up to prefetch_end keys from k, the later ones read the block
+  // from L1.
+  template <int R0>
+  HWY_INLINE void SubGroupDots(bool shared, int64_t k, int64_t keys, int64_t prefetch_end) {
+    constexpr int R = G - R0 < kRowGroup ? G - R0 : kRowGroup;
+    const auto quads = [&](auto shared_keys, auto paged) {
+      QuadScores<R, decltype(shared_keys)::value, decltype(paged)::value, K>(
+          query_ + R0, key_ + R0, ws_.slots + k, p_.key_strides.row, p_.head_dim, keys,
+          ws_.scores + R0 * ws_.score_stride + k, ws_.score_stride, prefetch_end);
+    };
+    if (shared) {
+      paged_ ? quads(std::true_type{}, std::true_type{})
+             : quads(std::true_type{}, std::false_type{});
+    } else {
+      paged_ ? quads(std::false_type{}, std::true_type{})
+             : quads(std::false_type{}, std::false_type{});
+    }
+    if constexpr (R0 + R < G) SubGroupDots<R0 + R>(shared, k, keys, shared ? 0 : prefetch_end);
+  }
+#endif
 
   const SdpaParams& p_;
   RowWorkspace& ws_;
@@ -854,7 +889,8 @@ class RowGroupAttention {
 };
 
 // Work items: groups of up to kRowGroup consecutive rows of one batch index or, with one
-// query per batch index (decoding), the rows of up to kRowGroup consecutive batch indices.
+// query per batch index (decoding), the rows of up to RowGroups::size consecutive batch
+// indices.
 template <int G, DType K>
 void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, bool across,
                  KeySpan span) {
@@ -886,34 +922,48 @@ void RunRowGroup(const SdpaParams& p, RowWorkspace& ws, int64_t b0, int64_t q0, 
 
 // The row groups of a call: item → (first batch index, first query, rows).
 struct RowGroups {
-  bool across;  // one query per batch index: a group spans kRowGroup batch indices
+  bool across;  // one query per batch index: a group spans `size` batch indices
+  int size;     // rows per group: kRowGroup, or the heads sharing one K/V head (SharedRows)
   int64_t per_batch;
   int64_t count;
 
   explicit RowGroups(const SdpaParams& p)
       : across(p.query_len == 1),
+        size(across ? SharedRows(p) : kRowGroup),
         per_batch(across ? 1 : (p.query_len + kRowGroup - 1) / kRowGroup),
-        count(across ? (p.batch + kRowGroup - 1) / kRowGroup : p.batch * per_batch) {}
-  int64_t first_batch(int64_t item) const { return across ? item * kRowGroup : item / per_batch; }
+        count(across ? (p.batch + size - 1) / size : p.batch * per_batch) {}
+  int64_t first_batch(int64_t item) const { return across ? item * size : item / per_batch; }
   int64_t first_query(int64_t item) const {
     return across ? 0 : (item - first_batch(item) * per_batch) * kRowGroup;
   }
-  // Consecutive items that read the same K and V (RunItems' share): the query heads of one
-  // K/V head (K and V broadcast with stride 0 over the last batch dimension, as
-  // split_kv_heads and multi-query views make them) in whole row groups, with each head's
-  // row groups.
-  int64_t share(const SdpaParams& p) const {
+  // Whether K and V are broadcast (stride 0) over the last batch dimension, as
+  // split_kv_heads and multi-query views make them: its `heads` query heads read one K/V head.
+  static bool Broadcast(const SdpaParams& p) {
     constexpr int d = kMaxBatchRank - 1;
-    const int64_t heads = p.batch_shape[d];
-    const bool broadcast = heads > 1 && p.key_strides.batch[d] == 0 &&
-                           p.value_strides.batch[d] == 0 && p.key_scale_strides.batch[d] == 0 &&
-                           p.value_scale_strides.batch[d] == 0;
-    if (across) return broadcast && heads % kRowGroup == 0 ? heads / kRowGroup : 1;
+    return p.batch_shape[d] > 1 && p.key_strides.batch[d] == 0 &&
+           p.value_strides.batch[d] == 0 && p.key_scale_strides.batch[d] == 0 &&
+           p.value_scale_strides.batch[d] == 0;
+  }
+  // Decoding: the query heads of one K/V head as one group (each K/V byte read once per
+  // group) when they are at most kSharedRowGroup, else kSharedRowGroup of them when that
+  // divides their number; kRowGroup otherwise.
+  static int SharedRows(const SdpaParams& p) {
+    const int64_t heads = p.batch_shape[kMaxBatchRank - 1];
+    if (!Broadcast(p)) return kRowGroup;
+    if (heads <= kSharedRowGroup) return static_cast<int>(heads);
+    return heads % kSharedRowGroup == 0 ? kSharedRowGroup : kRowGroup;
+  }
+  // Consecutive items that read the same K and V (RunItems' share): the query heads of one
+  // K/V head in whole row groups, with each head's row groups.
+  int64_t share(const SdpaParams& p) const {
+    const int64_t heads = p.batch_shape[kMaxBatchRank - 1];
+    const bool broadcast = Broadcast(p);
+    if (across) return broadcast && heads % size == 0 ? heads / size : 1;
     return (broadcast ? heads : 1) * per_batch;
   }
   int64_t rows(const SdpaParams& p, int64_t item) const {
-    return std::min<int64_t>(
-        kRowGroup, across ? p.batch - first_batch(item) : p.query_len - first_query(item));
+    const int64_t left = across ? p.batch - first_batch(item) : p.query_len - first_query(item);
+    return std::min<int64_t>(size, left);
   }
   void Run(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     switch (p.kv_format) {
@@ -934,12 +984,25 @@ struct RowGroups {
   template <DType K>
   void RunOfType(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     const int64_t b0 = first_batch(item), q0 = first_query(item), n = rows(p, item);
-    if constexpr (kRowGroup == 4) {
-      if (n == 4) return RunRowGroup<4, K>(p, ws, b0, q0, across, span);
-      if (n == 3) return RunRowGroup<3, K>(p, ws, b0, q0, across, span);
+    static_assert(kMaxRowGroup == 8);
+    switch (n) {
+      case 8:
+        return RunRowGroup<8, K>(p, ws, b0, q0, across, span);
+      case 7:
+        return RunRowGroup<7, K>(p, ws, b0, q0, across, span);
+      case 6:
+        return RunRowGroup<6, K>(p, ws, b0, q0, across, span);
+      case 5:
+        return RunRowGroup<5, K>(p, ws, b0, q0, across, span);
+      case 4:
+        return RunRowGroup<4, K>(p, ws, b0, q0, across, span);
+      case 3:
+        return RunRowGroup<3, K>(p, ws, b0, q0, across, span);
+      case 2:
+        return RunRowGroup<2, K>(p, ws, b0, q0, across, span);
+      default:
+        return RunRowGroup<1, K>(p, ws, b0, q0, across, span);
     }
-    if (n == 2) return RunRowGroup<2, K>(p, ws, b0, q0, across, span);
-    RunRowGroup<1, K>(p, ws, b0, q0, across, span);
   }
 };
 
