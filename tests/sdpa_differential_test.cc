@@ -250,8 +250,8 @@ TEST(ReferenceBackend, HasThePropertiesOnEveryCase) {
   }
 }
 
-// The grid runs every fused path on every target, each as the kernel list names it: row
-// groups and query tiles, with and without the key split.
+// The grid runs every fused path on every target, each as the kernel list names it: short
+// keys, row groups and query tiles, with and without the key split.
 TEST(CaseGrid, RunsEveryFusedPathOnEveryTarget) {
   for (const std::string& target : supported_simd_targets()) {
     ScopedSimdCap cap(target);
@@ -261,7 +261,7 @@ TEST(CaseGrid, RunsEveryFusedPathOnEveryTarget) {
       paths.insert(kernel.substr(0, kernel.find(" (")));
     }
     for (const char* path :
-         {"fused rows", "fused tiles", "fused rows + key split", "fused tiles + key split",
+         {"fused short keys", "fused rows", "fused tiles", "fused rows + key split", "fused tiles + key split",
           "fused grouped-query tiles", "fused grouped-query tiles + key split"}) {
       // Under 8 lanes a query tile is never half empty at the grid's Lq, so row groups (and
       // their grouped-query tiles) never run.

@@ -5,6 +5,7 @@
 #include "attend/error.hpp"
 #include "kernels/fused_sdpa.hpp"
 #include "kernels/fused_sdpa_backward.hpp"
+#include "kernels/short_keys.hpp"
 #include "reference/reference_sdpa.hpp"
 #include "reference/reference_sdpa_backward.hpp"
 
@@ -24,8 +25,11 @@ struct Candidate {
   void (*run)(const Params&);
 };
 
+void short_keys_or_next(const SdpaParams& params);
+
 // Fastest first; the reference last, accepting everything.
 constexpr Candidate<SdpaParams> kCandidates[] = {
+    {Backend::kFused, "fused short keys", fused_short_keys_rejects, short_keys_or_next},
     {Backend::kFused, "fused rows", fused_sdpa_rows_rejects, fused_sdpa_rows},
     {Backend::kFused, "fused tiles", fused_sdpa_tiles_rejects, fused_sdpa_tiles},
     {Backend::kReference, "reference", reference_rejects<SdpaParams>, reference_sdpa},
@@ -35,6 +39,16 @@ constexpr Candidate<SdpaBackwardParams> kBackwardCandidates[] = {
     {Backend::kReference, "reference", reference_rejects<SdpaBackwardParams>,
      reference_sdpa_backward},
 };
+
+// The short-key entry's run. A prepared call keeps the function chosen for its first key
+// length (AttentionPlan with variable_key_length): past the short keys it runs the entry
+// the list would choose for the new length, as the unprepared call does.
+void short_keys_or_next(const SdpaParams& params) {
+  if (fused_short_keys_rejects(params) == nullptr) return fused_short_keys(params);
+  for (const Candidate<SdpaParams>& c : kCandidates) {
+    if (c.run != short_keys_or_next && c.rejects(params) == nullptr) return c.run(params);
+  }
+}
 
 template <class Params, size_t N>
 const Candidate<Params>& choose(const Candidate<Params> (&candidates)[N], const Params& params,
@@ -69,7 +83,7 @@ void run_backward_kernel(const SdpaBackwardParams& params, Backend backend) {
 std::string chosen_kernel(const SdpaParams& params, Backend backend) {
   const Candidate<SdpaParams>& c = choose(kCandidates, params, backend);
   std::string name = c.name;
-  if (c.backend == Backend::kFused) {
+  if (c.backend == Backend::kFused && c.run != short_keys_or_next) {
     const FusedPlan plan = fused_sdpa_plan(params, c.run == fused_sdpa_rows);
     if (plan.grouped) name = "fused grouped-query tiles";
     if (params.f16_products()) {
