@@ -8,6 +8,7 @@
 #include "kernels/short_keys.hpp"
 #include "reference/reference_sdpa.hpp"
 #include "reference/reference_sdpa_backward.hpp"
+#include "shape_policy.hpp"
 
 namespace attend::detail {
 namespace {
@@ -41,10 +42,11 @@ constexpr Candidate<SdpaBackwardParams> kBackwardCandidates[] = {
 };
 
 // The short-key entry's run. A prepared call keeps the function chosen for its first key
-// length (AttentionPlan with variable_key_length): past the short keys it runs the entry
-// the list would choose for the new length, as the unprepared call does.
+// length (AttentionPlan with variable_key_length; nothing else it would judge changes between
+// calls): past kMaxShortKeys keys it runs the entry the list would choose for the new length,
+// as the unprepared call does.
 void short_keys_or_next(const SdpaParams& params) {
-  if (fused_short_keys_rejects(params) == nullptr) return fused_short_keys(params);
+  if (params.key_len <= kMaxShortKeys) return fused_short_keys(params);
   for (const Candidate<SdpaParams>& c : kCandidates) {
     if (c.run != short_keys_or_next && c.rejects(params) == nullptr) return c.run(params);
   }

@@ -120,7 +120,8 @@ void WriteExcludedRow(const SdpaParams& p, const ShortTile& tile, int64_t i) {
 
 // What the positional rules leave of each row: the same for every batch index, found once
 // per call. Row i's visible keys [begin_i, end_i) and, per key slot j < kShortPad, all-ones
-// bits where key j < Lk is visible to row i (keep), and j − i' for ALiBi (distance).
+// bits where key j < Lk is visible to row i (keep), and j − i' with ALiBi (distance); the
+// slots up to Lk rounded up to whole vectors are set.
 constexpr int64_t kShortPad = (kMaxShortKeys + kLanes - 1) / kLanes * kLanes;
 struct ShortRows {
   int64_t begin[kMaxShortQueries];
@@ -130,12 +131,16 @@ struct ShortRows {
 
   explicit ShortRows(const SdpaParams& p) {
     const float all_ones = std::bit_cast<float>(~uint32_t{0});
+    const int64_t padded = (p.key_len + kLanes - 1) / kLanes * kLanes;  // the slots read
     for (int64_t i = 0; i < p.query_len; ++i) {
       const VisibleKeys keys = visible_keys(p, i);
       begin[i] = keys.begin();
       end[i] = keys.end();
-      for (int64_t j = 0; j < kShortPad; ++j) {
+      for (int64_t j = 0; j < padded; ++j) {
         keep[i * kShortPad + j] = j < p.key_len && keys.contains(j) ? all_ones : 0.0f;
+      }
+      if (p.alibi_slopes == nullptr) continue;
+      for (int64_t j = 0; j < padded; ++j) {
         distance[i * kShortPad + j] = static_cast<float>(j - (i + p.diagonal_offset));
       }
     }
@@ -182,8 +187,13 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
   const VF scale = hn::Set(d, p.scale);
   const VF slope = hn::Set(d, p.alibi_slopes ? p.alibi_slopes[head] : 0.0f);
   const VF log2e = hn::Set(d, kLog2e);
-  HWY_ALIGN float s[kShortScores];
+  // Every row's softmax first (rows' weights: probs[i·kShortScores + j], 1/l: inv_sums[i];
+  // 0 for a row written as fully excluded), then every row's P·V: the rows' dependency
+  // chains (dots, maximum, 2^x, sum, divide) overlap instead of each P·V waiting on its own.
+  HWY_ALIGN float probs[kMaxShortQueries * kShortScores];
+  float inv_sums[kMaxShortQueries];
   for (int64_t i = 0; i < p.query_len; ++i) {
+    float* s = probs + i * kShortScores;
     ShortDots(p, tile.query + i * p.query_strides.row, tile.key, tile.key_stride, s);
     const float* keep = rows.keep + i * kShortPad;
     const float* distance = rows.distance + i * kShortPad;
@@ -207,18 +217,24 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
     }
     float sum = hn::GetLane(hn::SumOfLanes(d, sum_v));
     if (p.sinks) sum += std::exp2(sink - m);
-    const int64_t begin = rows.begin[i], end = rows.end[i];
-    if (begin >= end && fix_rows) {
+    inv_sums[i] = 0.0f;
+    if (rows.begin[i] >= rows.end[i] && fix_rows) {
       WriteExcludedRow(p, tile, i);
       continue;
     }
     if (tile.logsumexp) tile.logsumexp[i * p.logsumexp_strides.row] = logsumexp_of_part(row_max, sum);
-    // P·V over the visible keys [begin, end) (keys hidden inside it have p_j = 0), four
-    // vectors of output columns at a time.
-    const float inv_sum = 1.0f / sum;
+    inv_sums[i] = 1.0f / sum;
+  }
+  // P·V over each row's visible keys [begin, end) (keys hidden inside it have p_j = 0), four
+  // vectors of output columns at a time.
+  const float* v = tile.value;
+  const int64_t v_stride = tile.value_stride;
+  for (int64_t i = 0; i < p.query_len; ++i) {
+    const int64_t begin = rows.begin[i], end = rows.end[i];
+    if (begin >= end && fix_rows) continue;
+    const float* s = probs + i * kShortScores;
+    const float inv_sum = inv_sums[i];
     float* o = tile.output + i * p.output_strides.row;
-    const float* v = tile.value;
-    const int64_t v_stride = tile.value_stride;
     int64_t c = 0;
     for (; c + 4 * kLanes <= ev; c += 4 * kLanes) {
       WeightedValues<4>(s, v + c, v_stride, begin, end, inv_sum, o + c);
