@@ -185,9 +185,14 @@ inline PackedRow UnpackRow(int64_t row, int64_t group) { return {row % group, ro
 // causal, window, prefix, ALiBi, sinks, logsumexp, fully excluded rows. Declined (to the row
 // groups or the query tiles, which run them): softcap, mask, bias, documents (segment ids),
 // user rules, dropout, weights, half-precision, stored or paged K/V, half-precision products.
+// Up to 8 float32 lanes (SSE4, AVX2, SCALAR): with 16 (AVX-512) a row's 4 keys fill a quarter
+// of a vector, and the row groups' groups of 4 rows ran the phrase faster (BENCHMARKS.md,
+// "Short keys").
 constexpr int64_t kMaxShortKeys = 16;
 constexpr int64_t kMaxShortQueries = 8;
-inline const char* ShortKeysDeclines(const SdpaParams& p) {
+constexpr int64_t kMaxShortLanes = 8;
+inline const char* ShortKeysDeclines(const SdpaParams& p, int64_t lanes) {
+  if (lanes > kMaxShortLanes) return "more than 8 lanes (the row groups)";
   if (p.key_len > kMaxShortKeys) return "more than 16 keys";
   if (p.query_len > kMaxShortQueries) return "more than 8 queries per head";
   // (A plan asks with its operands' pointers not yet set: the formats decide.)

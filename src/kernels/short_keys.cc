@@ -251,6 +251,8 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
   }
 }
 
+int64_t ShortKeysLanes() { return kLanes; }
+
 void FusedShortKeys(const SdpaParams& p) {
   if (p.query_len == 0) return;
   const ShortRows rows(p);
@@ -269,9 +271,10 @@ HWY_AFTER_NAMESPACE();
 namespace attend::detail {
 
 HWY_EXPORT(FusedShortKeys);
+HWY_EXPORT(ShortKeysLanes);
 
 const char* fused_short_keys_rejects(const SdpaParams& params) {
-  return ShortKeysDeclines(params);
+  return ShortKeysDeclines(params, ATTEND_DISPATCH(ShortKeysLanes)());
 }
 
 void fused_short_keys(const SdpaParams& params) { ATTEND_DISPATCH(FusedShortKeys)(params); }
