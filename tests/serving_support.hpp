@@ -39,7 +39,7 @@ inline bool same_bits(const Tensor& a, const Tensor& b) {
 
 // Keys up to which a dense call (of at most kMaxShortQueries queries per head, no weights,
 // mask, bias, documents, softcap or dropout) runs the short-key kernel rather than the row
-// groups: shape_policy.hpp's kMaxShortKeys.
+// groups on targets of up to 8 lanes: shape_policy.hpp's kMaxShortKeys and kMaxShortLanes.
 inline constexpr int64_t kShortKeys = 16;
 
 // A paged result `got` against the dense (varlen) call's `want`, both with the batch's query
