@@ -13,6 +13,8 @@
 //      converted to float32 before the call.
 //   5. Grouped-query tiles (PackGQA): PacksGroupedQueries, and the one map of a packed row
 //      to its query head and query position, UnpackRow.
+//   6. Short keys: ShortKeysDeclines (a few queries against a few keys, first in the kernel
+//      list: kernels/short_keys.cc).
 #pragma once
 
 #include <algorithm>
@@ -172,5 +174,37 @@ struct PackedRow {
   int64_t query;   // i in [0, Lq)
 };
 inline PackedRow UnpackRow(int64_t row, int64_t group) { return {row % group, row / group}; }
+
+// 6. Short keys (kernels/short_keys.cc): with at most kMaxShortKeys keys and kMaxShortQueries
+// queries per head (the `phrase` problem: 4 queries × 4 keys), the whole call is a few
+// hundred multiply-adds per head, and the row groups' and tiles' per-item bookkeeping (key
+// spans, padded score rows, online-softmax state) costs more than the products. One work item
+// per batch index then computes each row's Lk scores (four keys' dot products summed at
+// once), its softmax over one vector of keys and P·V, with no key split and no workspace.
+// Float32 K and V read in place only, and only the rules of a row's position and head:
+// causal, window, prefix, ALiBi, sinks, logsumexp, fully excluded rows. Declined (to the row
+// groups or the query tiles, which run them): softcap, mask, bias, documents (segment ids),
+// user rules, dropout, weights, half-precision, stored or paged K/V, half-precision products.
+// Up to 8 float32 lanes (SSE4, AVX2, SCALAR): with 16 (AVX-512) a row's 4 keys fill a quarter
+// of a vector, and the row groups' groups of 4 rows ran the phrase faster (BENCHMARKS.md,
+// "Short keys").
+constexpr int64_t kMaxShortKeys = 16;
+constexpr int64_t kMaxShortQueries = 8;
+constexpr int64_t kMaxShortLanes = 8;
+inline const char* ShortKeysDeclines(const SdpaParams& p, int64_t lanes) {
+  if (lanes > kMaxShortLanes) return "more than 8 lanes (the row groups)";
+  if (p.key_len > kMaxShortKeys) return "more than 16 keys";
+  if (p.query_len > kMaxShortQueries) return "more than 8 queries per head";
+  // (A plan asks with its operands' pointers not yet set: the formats decide.)
+  if (p.half_products() || p.half_kv() || p.stored_kv() || p.block_table != nullptr) {
+    return "operands other than float32 in place";
+  }
+  if (p.weights != nullptr || p.dropout != 0.0f) return "weights or dropout";
+  if (p.mask != nullptr || p.bias != nullptr || p.segment_query != nullptr ||
+      p.user_rules != nullptr || p.softcap > 0.0f) {
+    return "a mask, bias, documents, user rules or softcap";
+  }
+  return nullptr;
+}
 
 }  // namespace attend::detail

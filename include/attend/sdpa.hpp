@@ -59,6 +59,7 @@ void scaled_dot_product_attention_into(const TensorView& query, const TensorView
                                        const AttentionOptions& options = {});
 
 // The implementation a call with these arguments runs on this CPU (and SIMD cap): "fused
+// short keys" (at most 8 queries against at most 16 keys per head, up to 8 lanes), "fused
 // rows" (few queries per head: lanes along E), "fused tiles" (queries along the lanes),
 // "fused grouped-query tiles" (few queries per head, but the G query heads sharing a K/V head
 // give G·Lq rows: one query tile over them), each with " + key split (N chunks)" (few work

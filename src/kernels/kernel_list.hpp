@@ -22,7 +22,8 @@ KernelRun chosen_kernel_run(const SdpaParams& params, Backend backend);
 // The same for the backward pass.
 void run_backward_kernel(const SdpaBackwardParams& params, Backend backend);
 
-// The candidate run_kernel would pick and how it splits the keys: "fused rows", "fused tiles",
+// The candidate run_kernel would pick and how it splits the keys: "fused short keys" (never
+// split), "fused rows", "fused tiles",
 // "fused grouped-query tiles" (the rows entry's G·Lq rows of a K/V head as query tiles),
 // each with " + key split (N chunks)", or "reference".
 std::string chosen_kernel(const SdpaParams& params, Backend backend);
