@@ -69,7 +69,15 @@ TEST_P(Bf16Path, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
     const Result &exact = runs.exact, &naive = runs.naive, &fused = runs.fused;
     const Tensor qb = bf16_copy(in.query), kb = bf16_copy(in.key), vb = bf16_copy(in.value);
     ++cases;
-    if (fused.kernel.find(path_name()) != std::string::npos) ++native;
+    if (fused.kernel.find(path_name()) != std::string::npos) {
+      ++native;
+    } else {
+      // Only the decoding kernels keep float32 products on the rounded inputs.
+      EXPECT_TRUE(fused.kernel.find("rows") != std::string::npos ||
+                  fused.kernel.find("short keys") != std::string::npos ||
+                  fused.kernel.find("grouped-query tiles") != std::string::npos)
+          << "a query-tile case without bfloat16 products: " << fused.kernel;
+    }
 
     const double keep = 1.0 / (1.0 - spec.dropout);
     const double p_term = 2 * kBf16HalfUlp * max_abs(in.value) * keep;
@@ -111,7 +119,7 @@ TEST_P(Bf16Path, EveryCaseOfTheGridWithinTwiceTheNaiveError) {
       "%s: ran natively on %d of %d cases (the others are decoding shapes: float32 "
       "products on the rounded inputs); the largest output error was %.2f of the allowed\n",
       bf16_compute_path().c_str(), native, cases, worst_share);
-  EXPECT_GT(native, cases / 2);
+  EXPECT_GT(native, cases / 3);  // the grid is mostly prefill shapes
 }
 
 TEST_P(Bf16Path, ResultsDoNotDependOnTheThreadCount) {
