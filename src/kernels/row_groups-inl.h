@@ -17,8 +17,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <type_traits>
 
+#include "attend/error.hpp"
 #include "dropout.hpp"
 #include "half.hpp"
 #include "kv_format.hpp"
@@ -55,8 +57,8 @@ constexpr int kRowGroup = 4;
 constexpr int kRowGroup = 2;
 #endif
 
-// Rows per group when the rows share one K/V head (decoding with grouped queries: the G ≤ 8
-// query heads of one K/V head, or 8 of more), so that each K/V byte is read from memory once
+// Rows per group when the rows share one K/V head (decoding with grouped queries: 8 of the
+// query heads of one K/V head where 8 divides their number; RowGroups::SharedRows), so that each K/V byte is read from memory once
 // per head group. Their dots run over L1-sized blocks of keys in sub-groups of at most
 // kRowGroup rows (whose accumulators fit the registers): the first sub-group reads a block
 // from memory, the others from L1.
@@ -945,12 +947,14 @@ struct RowGroups {
            p.value_scale_strides.batch[d] == 0;
   }
   // Decoding: the query heads of one K/V head as one group (each K/V byte read once per
-  // group) when they are at most kSharedRowGroup, else kSharedRowGroup of them when that
-  // divides their number; kRowGroup otherwise.
+  // group) when they are at most kRowGroup, or kSharedRowGroup of them when that divides
+  // their number; kRowGroup otherwise. Only these sizes are compiled (RunOfType): groups of
+  // 5 to 7 rows for every K/V format and target doubled fused_sdpa.cc's compile time, the
+  // CI's critical path, so G 5–7 read K/V in groups of kRowGroup as before.
   static int SharedRows(const SdpaParams& p) {
     const int64_t heads = p.batch_shape[kMaxBatchRank - 1];
     if (!Broadcast(p)) return kRowGroup;
-    if (heads <= kSharedRowGroup) return static_cast<int>(heads);
+    if (heads <= kRowGroup) return static_cast<int>(heads);
     return heads % kSharedRowGroup == 0 ? kSharedRowGroup : kRowGroup;
   }
   // Consecutive items that read the same K and V (RunItems' share): the query heads of one
@@ -984,16 +988,14 @@ struct RowGroups {
   template <DType K>
   void RunOfType(const SdpaParams& p, RowWorkspace& ws, int64_t item, KeySpan span) const {
     const int64_t b0 = first_batch(item), q0 = first_query(item), n = rows(p, item);
-    static_assert(kMaxRowGroup == 8);
+    static_assert(kMaxRowGroup == kSharedRowGroup && kRowGroup <= 4);
+    if (n > kRowGroup && n != kSharedRowGroup) {  // SharedRows makes no other sizes
+      throw Error("fused attention: internal error: a row group of " + std::to_string(n) +
+                  " rows");
+    }
     switch (n) {
-      case 8:
-        return RunRowGroup<8, K>(p, ws, b0, q0, across, span);
-      case 7:
-        return RunRowGroup<7, K>(p, ws, b0, q0, across, span);
-      case 6:
-        return RunRowGroup<6, K>(p, ws, b0, q0, across, span);
-      case 5:
-        return RunRowGroup<5, K>(p, ws, b0, q0, across, span);
+      case kSharedRowGroup:
+        return RunRowGroup<kSharedRowGroup, K>(p, ws, b0, q0, across, span);
       case 4:
         return RunRowGroup<4, K>(p, ws, b0, q0, across, span);
       case 3:
