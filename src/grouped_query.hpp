@@ -5,8 +5,9 @@
 // order). The heads are the last batch dimension. No copy of K or V: the kernels see the
 // batch (..., H) as (..., Hkv, G) with K and V broadcast (stride 0) over G, so a batch index
 // b keeps its flat value (head_of(b) = b % H, dropout draws and user rules as for the dense
-// problem) and the decode row groups, which take the G ≤ 8 heads of one K/V head (8 at a
-// time for larger G) as one group, load each K/V vector once for the heads of a group.
+// problem) and the decode row groups, which take the heads of one K/V head as one group (all
+// G of them up to kRowGroup, 8 at a time where 8 divides G), load each K/V vector once for
+// the heads of a group.
 #pragma once
 
 #include <cstdint>
