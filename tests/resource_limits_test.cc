@@ -278,8 +278,7 @@ void append_under_allocation_failure(DType dtype, bool with_rope) {
   if (with_rope || detail::is_scaled_kv_format(dtype)) {
     EXPECT_GT(refused, 0) << "no threshold reached append's workspace";
   }
-  EXPECT_EQ(cache.free_blocks(), 200 - 3 * ((700 + 15) / 16))
-      << "blocks lost to refused appends";
+  EXPECT_EQ(cache.free_blocks(), 200 - 3 * ((700 + 15) / 16)) << "blocks lost to refused appends";
 }
 
 TEST_P(CacheLimits, AppendWorkspaceThatCannotBeAllocated) {
