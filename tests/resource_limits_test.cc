@@ -221,7 +221,7 @@ TEST_P(CacheLimits, PagedAttendLeavesTheOutputsAsTheyWere) {
 // append under every threshold, a copy on write of a shared tail each time: refused with
 // "out of memory" and the cache as it was, or done. `rope`: bfloat16 keys rotated (the
 // rotated copy is allocated first); without it float32 keys as they are, so that the
-// quantized formats' per-block scratch (the rows widened, their codes and scales) is the
+// quantized formats' scratch (a block's rows widened, their codes and scales) is the
 // allocation each small threshold reaches.
 void append_under_allocation_failure(DType dtype, bool with_rope) {
   KvCacheConfig config;
@@ -273,8 +273,8 @@ void append_under_allocation_failure(DType dtype, bool with_rope) {
     }
     cache.remove_sequence(target);
   }
-  // The quantized formats allocate scratch per block written; the rotated keys are allocated
-  // by every format: some threshold must reach each.
+  // Every format allocates the rotated keys, the quantized formats their scratch: some
+  // threshold must reach each.
   if (with_rope || detail::is_scaled_kv_format(dtype)) {
     EXPECT_GT(refused, 0) << "no threshold reached append's workspace";
   }
@@ -286,8 +286,9 @@ TEST_P(CacheLimits, AppendWorkspaceThatCannotBeAllocated) {
   append_under_allocation_failure(GetParam(), true);
 }
 
-// int8 and FP8 caches quantize each block's new rows through scratch of their own: failing it
-// must leave the cache (tables, free list, copy on write, stored codes and scales) as it was.
+// int8 and FP8 caches quantize the new rows through scratch (a block's rows at a time): failing
+// it must leave the cache (tables, free list, copy on write, stored codes and scales) as it
+// was.
 TEST_P(CacheLimits, QuantizingAppendWorkspaceThatCannotBeAllocated) {
   SKIP_WITHOUT_ALLOCATION_FAULTS();
   append_under_allocation_failure(GetParam(), false);
