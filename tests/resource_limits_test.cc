@@ -320,6 +320,22 @@ TEST_P(CacheLimits, ExhaustedOrUnallocatableStorage) {
   EXPECT_NE(message.find("the cache is full"), std::string::npos) << message;
   EXPECT_TRUE(cache_state(cache, {a, b}) == before) << "a refused append changed the cache";
 
+  // A fork of a shares its 8 blocks, the last partly filled: one token more needs a block for
+  // the copy on write, and none is free.
+  const int64_t c = cache.fork(a);
+  const std::vector<char> before_fork = cache_state(cache, {a, b, c});
+  const Tensor one = random_tensor(Shape({1, 1, 16}), 3);
+  std::vector<int32_t> cu_one = {0, 1};
+  message.clear();
+  try {
+    cache.append({c}, one.view(), one.view(), TensorView(cu_one.data(), DType::kInt32, Shape({2})));
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("the cache is full"), std::string::npos) << message;
+  EXPECT_TRUE(cache_state(cache, {a, b, c}) == before_fork)
+      << "a refused copy on write changed the cache";
+
   // Storage that cannot be allocated: a clear error, no cache.
   KvCacheConfig huge = config;
   huge.num_blocks = (int64_t{1} << 31) - 1;
