@@ -37,6 +37,11 @@
 // two float32 kernels may disagree on which key dominates: such cases are flagged
 // ill-conditioned in the case grid and only checked for what stays true (finite results,
 // properties).
+//
+// Paged attention (paged_row_tolerance below) is checked the same way against the float64
+// listing over the cache's stored keys and values, the quantized formats' dequantized
+// (scale · code): float32 products on the stored values, each score within δ = (γ_E + 6u)·A
+// (the scale of a quantized key adds one rounding).
 #pragma once
 
 #include <algorithm>
@@ -156,6 +161,35 @@ inline Tolerances sdpa_tolerances(const ReferenceProblem& p, const ErrorModelOpt
     }
   }
   return t;
+}
+
+// Paged attention's tolerances for one output row (paged_decode_test.cc, paged_batch_test.cc,
+// kv_cache_storm_test.cc), against the float64 listing over the stored (dequantized) keys and
+// values of every cache format: `a` is A of the row (|scale|·||q||·max||k|| over the keys it
+// attends, plus the bound of ALiBi and softcap), `key_len` Lk, `head_dim` E.
+struct PagedRowTolerance {
+  double score_error;  // δ = (γ_E + 6u)·A
+  int64_t key_len, head_dim;
+
+  // Every element of the output row: kSafety·(2δ + (Lk + E + 8)·u)·max|v|.
+  double output(double max_value) const {
+    return kSafety *
+           (2 * score_error + static_cast<double>(key_len + head_dim + 8) * kUnitRoundoff) *
+           max_value;
+  }
+  // A weight, relative to its exact value: kSafety·(2δ + (Lk + 8)·u).
+  double weight_relative() const {
+    return kSafety * (2 * score_error + static_cast<double>(key_len + 8) * kUnitRoundoff);
+  }
+  // The row's log-sum-exp: kSafety·(δ + (Lk + 8)·u + u·|lse|).
+  double logsumexp(double lse) const {
+    return kSafety * (score_error + static_cast<double>(key_len + 8) * kUnitRoundoff +
+                      std::abs(lse) * kUnitRoundoff);
+  }
+};
+
+inline PagedRowTolerance paged_row_tolerance(double a, int64_t key_len, int64_t head_dim) {
+  return {(gamma_n(head_dim) + 6 * kUnitRoundoff) * a, key_len, head_dim};
 }
 
 }  // namespace attend::test

@@ -1,22 +1,28 @@
-// A storm over one PagedKvCache (attend/kv_cache.hpp, its public API only) checked against a
+// A storm over one PagedKvCache (attend/kv_cache.hpp, its public API only) of each storage
+// format (float32, float16, bfloat16, int8, float8_e4m3, float8_e5m2) checked against a
 // shadow model: several threads append (batches of their sequences, some refused when the
 // cache is full), fork, evict outside a window, remove, attend (decode, grouped-query) and
 // read key_mass at random for a bounded time, each over its own sequences (the cache refuses
 // two threads on one sequence), all sharing the cache's blocks and free list.
 //
-// The shadow, per thread: each sequence's logical keys and values, its evicted blocks, and an
-// abstract label per block (a fork shares its parent's labels; an append into a partly filled
-// tail block that another sequence shares gets a fresh label: copy on write) with reference
-// counts. After every step the touched sequences must agree with it: length, block table
-// (-1 exactly where evicted; one physical block per label and one label per physical block),
-// every kept token's key and value read from the cache's storage, and attention (output and
-// key_mass) equal to a float64 dense listing over the shadow's kept tokens. Every few steps
-// all threads stop and one checks the whole cache: free_blocks() = num_blocks - live labels,
-// no physical block under two labels. At the end every sequence is removed and every block
-// is free.
+// The shadow, per thread: each sequence's tokens as the cache's format stores them, its
+// evicted blocks, and an abstract label per block (a fork shares its parent's labels; an
+// append into a partly filled tail block that another sequence shares gets a fresh label:
+// copy on write) with reference counts. A token's stored form comes from the library's own
+// encoding, the one the cache's append calls: convert() for float32, float16 and bfloat16,
+// detail::quantize_kv_rows (kv_format.hpp) for the scaled formats (codes and one scale per
+// token and K/V head); its logical K/V is what that form stands for (widen(stored), or
+// scale · widen(code) in float32). After every step the touched sequences must agree with
+// the shadow: length, block table (-1 exactly where evicted; one physical block per label and
+// one label per physical block), every kept token's stored bytes and scales (bitwise), and
+// attention (output and key_mass) against a float64 dense listing over the shadow's logical
+// K/V of the kept tokens, within paged attention's error model (tests/error_model.hpp,
+// paged_row_tolerance: float32 products on the stored values). Every few steps all threads
+// stop and one checks the whole cache: free_blocks() = num_blocks - live labels, no physical
+// block under two labels. At the end every sequence is removed and every block is free.
 //
-// ATTEND_STORM_SECONDS (default 1 per dtype) bounds the run: seconds in CI, minutes in the
-// soak (scripts/soak.sh). Each call runs on one thread inside (num_threads = 1), so that
+// ATTEND_STORM_SECONDS (default 1) bounds the run of each format: seconds in CI, minutes in
+// the soak (scripts/soak.sh). Each call runs on one thread inside (num_threads = 1), so that
 // ThreadSanitizer sees every access (scripts/ci-sanitizers.sh runs it under TSan).
 #include <gtest/gtest.h>
 
@@ -27,15 +33,19 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "attend/error.hpp"
 #include "attend/kv_cache.hpp"
+#include "error_model.hpp"
+#include "kv_format.hpp"
 
 namespace attend::test {
 namespace {
@@ -51,10 +61,28 @@ double storm_seconds() {
   return env && *env ? std::atof(env) : 1.0;
 }
 
+// Tokens (n, Hkv, E) as the cache stores them.
+struct Stored {
+  std::vector<uint8_t> bytes;  // (n, Hkv, E) elements of the cache's dtype (codes if scaled)
+  std::vector<float> scales;   // (n, Hkv), scaled formats only
+  std::vector<float> logical;  // (n, Hkv, E): what they stand for, float32
+
+  void insert(const Stored& from, int64_t first, int64_t last, size_t element_size) {
+    const auto row = static_cast<int64_t>(kKvHeads * kDim * element_size);
+    bytes.insert(bytes.end(), from.bytes.begin() + first * row, from.bytes.begin() + last * row);
+    if (!from.scales.empty()) {
+      scales.insert(scales.end(), from.scales.begin() + first * kKvHeads,
+                    from.scales.begin() + last * kKvHeads);
+    }
+    logical.insert(logical.end(), from.logical.begin() + first * kKvHeads * kDim,
+                   from.logical.begin() + last * kKvHeads * kDim);
+  }
+};
+
 struct ShadowSequence {
-  std::vector<float> keys, values;  // (length, Hkv, E): the values as stored (dtype-rounded)
-  std::vector<int64_t> labels;      // per block: its label, -1 evicted
-  int64_t length() const { return static_cast<int64_t>(keys.size()) / (kKvHeads * kDim); }
+  Stored keys, values;
+  std::vector<int64_t> labels;  // per block: its label, -1 evicted
+  int64_t length() const { return static_cast<int64_t>(keys.logical.size()) / (kKvHeads * kDim); }
   int64_t first_kept() const {
     int64_t b = 0;
     while (b < static_cast<int64_t>(labels.size()) && labels[static_cast<size_t>(b)] < 0) ++b;
@@ -91,14 +119,32 @@ struct Worker {
     for (float& x : v) x = d(random);
     return v;
   }
-  // x as the cache stores it: through its dtype and back.
-  std::vector<float> stored(const std::vector<float>& x) const {
-    if (dtype == DType::kFloat32) return x;
-    const Shape shape({static_cast<int64_t>(x.size())});
-    Tensor narrow(dtype, shape), wide(DType::kFloat32, shape);
-    convert(TensorView(const_cast<float*>(x.data()), DType::kFloat32, shape), narrow.view());
-    convert(narrow.view(), wide.view());
-    return std::vector<float>(wide.data_as<float>(), wide.data_as<float>() + x.size());
+  // Tokens x (n, Hkv, E) float32 as the cache stores them, by the library's encoding of the
+  // format (the calls PagedKvCache::append makes): convert() into the dtype, or
+  // quantize_kv_rows per (token, K/V head) row of E; logical = widen(stored), times the
+  // row's scale for the scaled formats (float32).
+  Stored encode(const std::vector<float>& x) const {
+    const auto n = static_cast<int64_t>(x.size()), rows = n / kDim;
+    Stored out;
+    out.bytes.resize(static_cast<size_t>(n) * dtype_size(dtype));
+    out.logical.resize(x.size());
+    const bool scaled = detail::is_scaled_kv_format(dtype);
+    if (scaled) {
+      out.scales.resize(static_cast<size_t>(rows));
+      detail::quantize_kv_rows(dtype, x.data(), rows, kDim, out.bytes.data(), out.scales.data());
+    } else {
+      convert(TensorView(const_cast<float*>(x.data()), DType::kFloat32, Shape({n})),
+              TensorView(out.bytes.data(), dtype, Shape({n})));
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const void* row = out.bytes.data() + r * kDim * static_cast<int64_t>(dtype_size(dtype));
+      for (int64_t e = 0; e < kDim; ++e) {
+        const float widened = detail::widen_kv(dtype, row, e);
+        out.logical[static_cast<size_t>(r * kDim + e)] =
+            scaled ? out.scales[static_cast<size_t>(r)] * widened : widened;
+      }
+    }
+    return out;
   }
   int64_t pick() {
     auto it = sequences.begin();
@@ -127,23 +173,33 @@ struct Worker {
       const auto [it, added] = physical.emplace(label, table[i]);
       if (it->second != table[i]) return problem(where + "a shared block was copied, or not");
     }
-    // Every kept token's key and value, read from storage.
-    const int64_t row = kKvHeads * kDim;
-    Tensor k(DType::kFloat32, Shape({kKvHeads, kDim})), v(DType::kFloat32, Shape({kKvHeads, kDim}));
+    // Every kept token's key and value as stored (elements or codes, and scales), bitwise.
+    const auto size = static_cast<int64_t>(dtype_size(dtype));
     for (int64_t t = s.first_kept(); t < s.length(); ++t) {
-      const int64_t block = table[static_cast<size_t>(t / kBlockSize)];
-      for (auto [blocks, to] : {std::pair{cache->key_blocks(), &k}, {cache->value_blocks(), &v}}) {
-        TensorView at = blocks;
-        at.data = static_cast<char*>(at.data) +
-                  (block * at.strides[0] + (t % kBlockSize) * at.strides[1]) *
-                      static_cast<int64_t>(dtype_size(at.dtype));
-        at.shape = Shape({kKvHeads, kDim});
-        at.strides = Shape({blocks.strides[2], blocks.strides[3]});
-        convert(at, to->view());
-      }
-      if (!std::equal(k.data_as<float>(), k.data_as<float>() + row, s.keys.data() + t * row) ||
-          !std::equal(v.data_as<float>(), v.data_as<float>() + row, s.values.data() + t * row)) {
-        return problem(where + "token " + std::to_string(t) + " differs from the shadow");
+      const int64_t block = table[static_cast<size_t>(t / kBlockSize)], row = t % kBlockSize;
+      for (const auto& [blocks, scales, shadow] :
+           {std::tuple{cache->key_blocks(), cache->key_scales(), &s.keys},
+            std::tuple{cache->value_blocks(), cache->value_scales(), &s.values}}) {
+        const Shape& st = blocks.strides;
+        for (int64_t h = 0; h < kKvHeads; ++h) {
+          for (int64_t e = 0; e < kDim; ++e) {
+            const int64_t at = block * st[0] + row * st[1] + h * st[2] + e * st[3];
+            if (std::memcmp(static_cast<const char*>(blocks.data) + at * size,
+                            shadow->bytes.data() + ((t * kKvHeads + h) * kDim + e) * size,
+                            static_cast<size_t>(size)) != 0) {
+              return problem(where + "token " + std::to_string(t) + " differs from the shadow");
+            }
+          }
+          if (shadow->scales.empty()) continue;
+          const float scale =
+              scales.data_as<const float>()[block * scales.strides[0] + row * scales.strides[1] +
+                                            h * scales.strides[2]];
+          if (std::memcmp(&scale, &shadow->scales[static_cast<size_t>(t * kKvHeads + h)],
+                          sizeof scale) != 0) {
+            return problem(where + "the scale of token " + std::to_string(t) +
+                           " differs from the shadow");
+          }
+        }
       }
     }
   }
@@ -187,7 +243,7 @@ struct Worker {
       ++counts[kRefused];
       return;
     }
-    const std::vector<float> k = stored(keys), v = stored(values);
+    const Stored k = encode(keys), v = encode(values);
     for (size_t i = 0; i < ids.size(); ++i) {
       ShadowSequence& s = sequences.at(ids[i]);
       const int64_t length = s.length(), count = cu[i + 1] - cu[i];
@@ -201,8 +257,8 @@ struct Worker {
         s.labels.push_back((*next_label)++);
         references[s.labels.back()] = 1;
       }
-      s.keys.insert(s.keys.end(), k.begin() + cu[i] * row, k.begin() + cu[i + 1] * row);
-      s.values.insert(s.values.end(), v.begin() + cu[i] * row, v.begin() + cu[i + 1] * row);
+      s.keys.insert(k, cu[i], cu[i + 1], dtype_size(dtype));
+      s.values.insert(v, cu[i], cu[i + 1], dtype_size(dtype));
       check(ids[i]);
     }
     ++counts[kAppend];
@@ -276,49 +332,78 @@ struct Worker {
         TensorView(cu.data(), DType::kInt32, Shape({batch + 1})),
         TensorView(output.data(), DType::kFloat32, Shape({batch, kHeads, kDim})), options, nullptr,
         with_mass ? &mass_view : nullptr);
+    // Each row against the float64 listing on the shadow's logical K/V of the kept tokens,
+    // within paged_row_tolerance (tests/error_model.hpp) of the row's K/V head: A =
+    // scale·||q||·max||k||, max|v| over those tokens. key_mass entry t (Σ_h w_ht, summed in
+    // float64 and rounded once to float32) within Σ_h w_ht times each head's relative weight
+    // tolerance, plus that rounding and the weights' floor.
     const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
     for (int64_t b = 0; b < batch; ++b) {
-      const ShadowSequence& s = sequences.at(ids[static_cast<size_t>(b)]);
+      const int64_t id = ids[static_cast<size_t>(b)];
+      const ShadowSequence& s = sequences.at(id);
+      const std::vector<float>& keys = s.keys.logical;
+      const std::vector<float>& values = s.values.logical;
       const int64_t first = s.first_kept(), length = s.length();
-      std::vector<double> expected_mass(static_cast<size_t>(width), 0.0);
+      std::vector<double> expected_mass(static_cast<size_t>(width), 0.0),
+          mass_tolerance(static_cast<size_t>(width), kWeightsFloor);
       for (int64_t h = 0; h < kHeads; ++h) {
         const int64_t g = h / (kHeads / kKvHeads);
         const float* q = query.data() + (b * kHeads + h) * kDim;
         std::vector<double> p;
-        double top = -INFINITY;
+        double top = -INFINITY, q_norm = 0, max_key_norm = 0, max_value = 0;
+        for (int64_t e = 0; e < kDim; ++e) q_norm += double{q[e]} * q[e];
         for (int64_t j = first; j < length; ++j) {
-          double dot = 0;
+          const float* k = keys.data() + (j * kKvHeads + g) * kDim;
+          const float* v = values.data() + (j * kKvHeads + g) * kDim;
+          double dot = 0, key_norm = 0;
           for (int64_t e = 0; e < kDim; ++e) {
-            dot += double{q[e]} * s.keys[static_cast<size_t>((j * kKvHeads + g) * kDim + e)];
+            dot += double{q[e]} * k[e];
+            key_norm += double{k[e]} * k[e];
+            max_value = std::max(max_value, std::abs(double{v[e]}));
           }
+          max_key_norm = std::max(max_key_norm, std::sqrt(key_norm));
           p.push_back(dot * scale);
           top = std::max(top, p.back());
         }
+        const PagedRowTolerance tolerance =
+            paged_row_tolerance(scale * std::sqrt(q_norm) * max_key_norm, length - first, kDim);
         double sum = 0;
         for (double& x : p) sum += (x = std::exp(x - top));
         for (int64_t e = 0; e < kDim; ++e) {
           double o = 0;
           for (int64_t j = first; j < length; ++j) {
             o += p[static_cast<size_t>(j - first)] / sum *
-                 s.values[static_cast<size_t>((j * kKvHeads + g) * kDim + e)];
+                 values[static_cast<size_t>((j * kKvHeads + g) * kDim + e)];
           }
           const float got = output[static_cast<size_t>((b * kHeads + h) * kDim + e)];
-          if (!(std::abs(got - o) <= 1e-4 + 1e-4 * std::abs(o))) {
-            return problem("attention differs from the listing: " + std::to_string(got) +
-                           " against " + std::to_string(o));
+          if (!(std::abs(got - o) <= tolerance.output(max_value))) {
+            char line[240];
+            std::snprintf(line, sizeof line,
+                          "sequence %lld, head %lld, column %lld: attention %.9g, the listing "
+                          "%.9g, tolerance %.3g",
+                          static_cast<long long>(id), static_cast<long long>(h),
+                          static_cast<long long>(e), got, o, tolerance.output(max_value));
+            return problem(line);
           }
         }
         for (int64_t j = first; j < length; ++j) {
-          expected_mass[static_cast<size_t>(j)] += p[static_cast<size_t>(j - first)] / sum;
+          const double w = p[static_cast<size_t>(j - first)] / sum;
+          expected_mass[static_cast<size_t>(j)] += w;
+          mass_tolerance[static_cast<size_t>(j)] += tolerance.weight_relative() * w;
         }
       }
       if (!with_mass) continue;
       for (int64_t t = 0; t < width; ++t) {
         const float got = mass[static_cast<size_t>(b * width + t)];
-        if (!(std::abs(got - expected_mass[static_cast<size_t>(t)]) <= 1e-4)) {
-          return problem("key_mass of token " + std::to_string(t) +
-                         " differs: " + std::to_string(got) + " against " +
-                         std::to_string(expected_mass[static_cast<size_t>(t)]));
+        const double want = expected_mass[static_cast<size_t>(t)];
+        const double allowed = mass_tolerance[static_cast<size_t>(t)] + kUnitRoundoff * want;
+        if (!(std::abs(got - want) <= allowed)) {
+          char line[200];
+          std::snprintf(line, sizeof line,
+                        "sequence %lld: key_mass of token %lld %.9g, the listing %.9g, "
+                        "tolerance %.3g",
+                        static_cast<long long>(id), static_cast<long long>(t), got, want, allowed);
+          return problem(line);
         }
       }
     }
@@ -416,8 +501,13 @@ void storm(DType dtype) {
   EXPECT_GT(totals[kAttend] + totals[kKeyMass], 0);
 }
 
+// Every format the cache can be made with (kv_format.hpp's is_kv_format).
 TEST(PagedKvCacheStorm, Float32) { storm(DType::kFloat32); }
 TEST(PagedKvCacheStorm, Float16) { storm(DType::kFloat16); }
+TEST(PagedKvCacheStorm, BFloat16) { storm(DType::kBFloat16); }
+TEST(PagedKvCacheStorm, Int8) { storm(DType::kInt8); }
+TEST(PagedKvCacheStorm, Float8E4M3) { storm(DType::kFloat8E4M3); }
+TEST(PagedKvCacheStorm, Float8E5M2) { storm(DType::kFloat8E5M2); }
 
 }  // namespace
 }  // namespace attend::test

@@ -18,6 +18,7 @@
 #include "attend/kv_cache.hpp"
 #include "attend/runtime.hpp"
 #include "attend/varlen.hpp"
+#include "error_model.hpp"
 #include "serving_support.hpp"
 #include "shape_policy.hpp"
 #include "test_support.hpp"
@@ -25,7 +26,6 @@
 namespace attend::test {
 namespace {
 
-constexpr double kU = 1.0 / 16777216.0;  // float32 unit roundoff
 constexpr int64_t kKvHeads = 2, kDim = 32, kValueDim = 24;
 
 int64_t total(const std::vector<int64_t>& v) {
@@ -152,14 +152,13 @@ AttentionOptions every_rule(const Tensor& sinks) {
 const std::vector<int64_t> kLens = {0, 1, 37, 1100, 2600, 519, 16, 3001};
 const std::vector<int64_t> kQueryLens = {0, 1, 4, 16, 1, 9, 2, 3};
 
-// Error model (tests/error_model.hpp, as paged_decode_test.cc): per row, scores of size
-// A = scale·||q||·max||k|| + max|ALiBi| + softcap, each within (γ_E + 6u)·A; the output
-// within (2·score error + (Lk + E + 8)·u)·max|v|, four times over; the log-sum-exp within
-// the score error plus (Lk + 8)·u.
+// Error model (tests/error_model.hpp's paged_row_tolerance, as paged_decode_test.cc): per
+// row, scores of size A = scale·||q||·max||k|| + max|ALiBi| + softcap, each within
+// (γ_E + 6u)·A; the output within (2·score error + (Lk + E + 8)·u)·max|v|, four times over;
+// the log-sum-exp within the score error plus (Lk + 8)·u.
 void expect_within_the_error_model(const Batch& b, const Result& got, const Result& want,
                                    const std::string& what) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
-  const double gamma = kDim * kU / (1 - kDim * kU);
   int64_t t = 0, k_begin = 0;
   for (size_t s = 0; s < b.lens.size(); k_begin += b.lens[s], ++s) {
     const int64_t lk = b.lens[s];
@@ -179,8 +178,8 @@ void expect_within_the_error_model(const Batch& b, const Result& got, const Resu
           q2 += std::pow(b.query.data_as<float>()[(t * b.heads + h) * kDim + e], 2);
         }
         const double a = scale * std::sqrt(q2) * max_k + static_cast<double>(lk) + 30.0;
-        const double score_error = (gamma + 6 * kU) * a;
-        const double tol = 4.0 * (2 * score_error + static_cast<double>(lk + kDim + 8) * kU) * max_v;
+        const PagedRowTolerance tolerance = paged_row_tolerance(a, lk, kDim);
+        const double tol = tolerance.output(max_v);
         for (int64_t c = 0; c < kValueDim; ++c) {
           const int64_t n = (t * b.heads + h) * kValueDim + c;
           ASSERT_NEAR(got.output.data_as<float>()[n], want.output.data_as<float>()[n], tol)
@@ -188,8 +187,7 @@ void expect_within_the_error_model(const Batch& b, const Result& got, const Resu
               << c;
         }
         const float lse = want.logsumexp.data_as<float>()[t * b.heads + h];
-        ASSERT_NEAR(got.logsumexp.data_as<float>()[t * b.heads + h], lse,
-                    4.0 * (score_error + static_cast<double>(lk + 8) * kU + std::abs(lse) * kU))
+        ASSERT_NEAR(got.logsumexp.data_as<float>()[t * b.heads + h], lse, tolerance.logsumexp(lse))
             << what << ", log-sum-exp of sequence " << s << ", query " << i << ", head " << h;
       }
     }

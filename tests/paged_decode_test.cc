@@ -18,13 +18,12 @@
 #include "attend/kv_cache.hpp"
 #include "attend/runtime.hpp"
 #include "attend/varlen.hpp"
+#include "error_model.hpp"
 #include "serving_support.hpp"
 #include "test_support.hpp"
 
 namespace attend::test {
 namespace {
-
-constexpr double kU = 1.0 / 16777216.0;  // float32 unit roundoff
 
 // The test's own FP8 decoding (OCP FP8): sign · 2^(max(e,1) − bias) · (implicit + m / 2^M).
 double decode_fp8(uint8_t c, int mantissa_bits, int bias) {
@@ -189,7 +188,7 @@ TEST_P(PagedDecode, EqualsTheListingOnTheStoredValues) {
       exact.backend = Backend::kReference;
       const Tensor want =
           varlen_attention(q.view(), all_k.view(), all_v.view(), cu_q.view(), cu_k.view(), exact);
-      // Error model (tests/error_model.hpp) per row: scores of size
+      // Error model (tests/error_model.hpp, paged_row_tolerance) per row: scores of size
       // A = |scale|·||q||·max||k|| + max|ALiBi| + softcap, each within (γ_E + 6u)·A (the
       // scale of a quantized key adds one rounding); the output within
       // (2·score error + (Lk + E + 8)·u) · max|v|, four times over.
@@ -217,10 +216,7 @@ TEST_P(PagedDecode, EqualsTheListingOnTheStoredValues) {
             q2 += x * x;
           }
           const double a = scale * std::sqrt(q2) * max_k + static_cast<double>(lk) + 30.0;
-          const double gamma = dc.head_dim * kU / (1 - dc.head_dim * kU);
-          const double score_error = (gamma + 6 * kU) * a;
-          const double tol =
-              4.0 * (2 * score_error + static_cast<double>(lk + dc.head_dim + 8) * kU) * max_v;
+          const double tol = paged_row_tolerance(a, lk, dc.head_dim).output(max_v);
           for (int64_t c = 0; c < kValueDim; ++c) {
             const int64_t n = (t * heads + h) * kValueDim + c;
             ASSERT_NEAR(out.data_as<float>()[n], want.data_as<float>()[n], tol)

@@ -19,6 +19,7 @@
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
+#include "kv_format.hpp"
 #include "test_support.hpp"
 
 namespace attend::test {
@@ -217,16 +218,18 @@ TEST_P(CacheLimits, PagedAttendLeavesTheOutputsAsTheyWere) {
   attend_under_allocation_failure(GetParam(), true);
 }
 
-// append under every threshold (bfloat16 keys converted, RoPE applied, a copy on write of a
-// shared tail): refused with "out of memory" and the cache as it was, or done.
-TEST_P(CacheLimits, AppendWorkspaceThatCannotBeAllocated) {
-  SKIP_WITHOUT_ALLOCATION_FAULTS();
+// append under every threshold, a copy on write of a shared tail each time: refused with
+// "out of memory" and the cache as it was, or done. `rope`: bfloat16 keys rotated (the
+// rotated copy is allocated first); without it float32 keys as they are, so that the
+// quantized formats' scratch (a block's rows widened, their codes and scales) is the
+// allocation each small threshold reaches.
+void append_under_allocation_failure(DType dtype, bool with_rope) {
   KvCacheConfig config;
   config.num_blocks = 200;
   config.block_size = 16;
   config.kv_heads = 2;
   config.head_dim = 64;
-  config.dtype = GetParam();
+  config.dtype = dtype;
   PagedKvCache cache(config);
   std::vector<int64_t> ids;
   for (int s = 0; s < 3; ++s) ids.push_back(cache.add_sequence());
@@ -239,9 +242,11 @@ TEST_P(CacheLimits, AppendWorkspaceThatCannotBeAllocated) {
   ids.push_back(cache.fork(ids[0]));
 
   // Each threshold on a fresh fork, removed after.
-  const Tensor k2 = random_tensor(Shape({300, 2, 64}), 4, 1.0, DType::kBFloat16);
+  const Tensor k2 =
+      random_tensor(Shape({300, 2, 64}), 4, 1.0, with_rope ? DType::kBFloat16 : DType::kFloat32);
   std::vector<int32_t> cu2 = {0, 300};
   RopeOptions rope;
+  int refused = 0;
   for (size_t threshold = size_t{1} << 12; threshold <= size_t{1} << 26; threshold <<= 1) {
     const int64_t target = cache.fork(ids[3]);  // shares a partly filled tail: copy on write
     std::vector<int64_t> all_ids = ids;
@@ -252,12 +257,14 @@ TEST_P(CacheLimits, AppendWorkspaceThatCannotBeAllocated) {
       AllocationFault fault(threshold);
       try {
         cache.append({target}, k2.view(), k2.view(),
-                     TensorView(cu2.data(), DType::kInt32, Shape({2})), &rope);
+                     TensorView(cu2.data(), DType::kInt32, Shape({2})),
+                     with_rope ? &rope : nullptr);
       } catch (const Error& e) {
         message = e.what();
       }
     }
     if (!message.empty()) {
+      ++refused;
       EXPECT_NE(message.find("out of memory"), std::string::npos) << message;
       EXPECT_TRUE(cache_state(cache, all_ids) == before)
           << "a refused append changed the cache: " << message;
@@ -266,6 +273,25 @@ TEST_P(CacheLimits, AppendWorkspaceThatCannotBeAllocated) {
     }
     cache.remove_sequence(target);
   }
+  // Every format allocates the rotated keys, the quantized formats their scratch: some
+  // threshold must reach each.
+  if (with_rope || detail::is_scaled_kv_format(dtype)) {
+    EXPECT_GT(refused, 0) << "no threshold reached append's workspace";
+  }
+  EXPECT_EQ(cache.free_blocks(), 200 - 3 * ((700 + 15) / 16)) << "blocks lost to refused appends";
+}
+
+TEST_P(CacheLimits, AppendWorkspaceThatCannotBeAllocated) {
+  SKIP_WITHOUT_ALLOCATION_FAULTS();
+  append_under_allocation_failure(GetParam(), true);
+}
+
+// int8 and FP8 caches quantize the new rows through scratch (a block's rows at a time): failing
+// it must leave the cache (tables, free list, copy on write, stored codes and scales) as it
+// was.
+TEST_P(CacheLimits, QuantizingAppendWorkspaceThatCannotBeAllocated) {
+  SKIP_WITHOUT_ALLOCATION_FAULTS();
+  append_under_allocation_failure(GetParam(), false);
 }
 
 TEST_P(CacheLimits, ExhaustedOrUnallocatableStorage) {
@@ -293,6 +319,22 @@ TEST_P(CacheLimits, ExhaustedOrUnallocatableStorage) {
   }
   EXPECT_NE(message.find("the cache is full"), std::string::npos) << message;
   EXPECT_TRUE(cache_state(cache, {a, b}) == before) << "a refused append changed the cache";
+
+  // A fork of a shares its 8 blocks, the last partly filled: one token more needs a block for
+  // the copy on write, and none is free.
+  const int64_t c = cache.fork(a);
+  const std::vector<char> before_fork = cache_state(cache, {a, b, c});
+  const Tensor one = random_tensor(Shape({1, 1, 16}), 3);
+  std::vector<int32_t> cu_one = {0, 1};
+  message.clear();
+  try {
+    cache.append({c}, one.view(), one.view(), TensorView(cu_one.data(), DType::kInt32, Shape({2})));
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("the cache is full"), std::string::npos) << message;
+  EXPECT_TRUE(cache_state(cache, {a, b, c}) == before_fork)
+      << "a refused copy on write changed the cache";
 
   // Storage that cannot be allocated: a clear error, no cache.
   KvCacheConfig huge = config;

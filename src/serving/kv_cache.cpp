@@ -205,6 +205,19 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
     Sequence* seq;
     int64_t first_token, count, source;
   };
+  // Quantized formats: scratch for the rows of one block at a time (at most block_size
+  // tokens, and no more than the call's): the rows widened to float32, their codes and
+  // scales. Allocated before anything changes, so that a scratch that cannot be allocated
+  // refuses the call ("out of memory") with the cache as it was; writing the rows then
+  // allocates nothing.
+  Tensor widened, codes, row_scales;
+  if (detail::is_scaled_kv_format(c.dtype)) {
+    const int64_t rows = std::min(c.block_size, key.shape[0]);
+    const Shape shape({rows, c.kv_heads, std::max(c.head_dim, c.value_dim)});
+    widened = Tensor(DType::kFloat32, shape);
+    codes = Tensor(c.dtype, shape);
+    row_scales = Tensor(DType::kFloat32, Shape({rows, c.kv_heads}));
+  }
   std::vector<Write> writes;
   Tensor rotated;  // with rope: the keys as written
   {
@@ -274,15 +287,17 @@ void PagedKvCache::append(const std::vector<int64_t>& ids, const TensorView& key
         from.shape[0] = rows;
         const TensorView to = rows_of(blocks, b, row, rows);
         if (detail::is_scaled_kv_format(c.dtype)) {
-          // Codes and scales of (rows, Hkv) rows, contiguous, then into their places.
+          // Codes and scales of (rows, Hkv) rows, contiguous in the scratch, then into their
+          // places.
           const int64_t dim = from.shape[2];
-          Tensor values(DType::kFloat32, from.shape), codes(c.dtype, from.shape);
-          Tensor row_scales(DType::kFloat32, Shape({rows, c.kv_heads}));
-          convert(from, values.view());
-          detail::quantize_kv_rows(c.dtype, values.data_as<float>(), rows * c.kv_heads, dim,
-                                   codes.data(), row_scales.data_as<float>());
-          convert(codes.view(), to);  // same dtype: a copy of the codes
-          convert(row_scales.view(), rows_of(scales, b, row, rows));
+          const TensorView x(widened.data(), DType::kFloat32, from.shape);
+          const TensorView q(codes.data(), c.dtype, from.shape);
+          const TensorView s(row_scales.data(), DType::kFloat32, Shape({rows, c.kv_heads}));
+          convert(from, x);
+          detail::quantize_kv_rows(c.dtype, x.data_as<float>(), rows * c.kv_heads, dim, q.data,
+                                   s.data_as<float>());
+          convert(q, to);  // same dtype: a copy of the codes
+          convert(s, rows_of(scales, b, row, rows));
         } else {
           convert(from, to);
         }
