@@ -42,7 +42,12 @@ Shape::Shape(std::initializer_list<int64_t> dims) {
 
 Shape Shape::from(const int64_t* dims, int rank) {
   Shape shape;
-  for (int i = 0; i < rank; ++i) shape.push_back(dims[i]);
+  if (rank > kMaxRank) {
+    throw Error("shape: rank " + std::to_string(rank) + " exceeds the maximum of " +
+                std::to_string(kMaxRank));
+  }
+  for (int i = 0; i < rank; ++i) shape.dims_[static_cast<size_t>(i)] = dims[i];
+  shape.rank_ = rank > 0 ? rank : 0;
   return shape;
 }
 

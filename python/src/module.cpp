@@ -193,31 +193,61 @@ PYBIND11_MODULE(_attend, m) {
     }
   });
 
-  m.def("version", &attend::version);
-  m.def("compiled_simd_targets", &attend::compiled_simd_targets);
-  m.def("supported_simd_targets", &attend::supported_simd_targets);
-  m.def("active_simd_target", &attend::active_simd_target);
-  m.def("set_max_simd_target", &attend::set_max_simd_target);
-  m.def("bf16_compute_path", &attend::bf16_compute_path);
-  m.def("fp16_compute_path", &attend::fp16_compute_path);
+  m.def("version", &attend::version, "attend's version, as `attend info` prints it");
+  m.def("compiled_simd_targets", &attend::compiled_simd_targets,
+        "The SIMD targets this build holds kernels for (e.g. [\"AVX3\", \"AVX2\", \"SSE4\", "
+        "\"SCALAR\"])");
+  m.def("supported_simd_targets", &attend::supported_simd_targets,
+        "The compiled SIMD targets this CPU runs");
+  m.def("active_simd_target", &attend::active_simd_target,
+        "The SIMD target calls use now: the best supported one, capped by ATTEND_MAX_SIMD or "
+        "set_max_simd_target");
+  m.def("set_max_simd_target", &attend::set_max_simd_target, py::arg("name"),
+        "Caps the SIMD target for this process (a name of compiled_simd_targets(), as "
+        "ATTEND_MAX_SIMD); raises attend.Error for an unknown name");
+  m.def("bf16_compute_path", &attend::bf16_compute_path,
+        "How bfloat16 products are computed on this CPU (AMX, AVX512_BF16 or float32 "
+        "emulation)");
+  m.def("fp16_compute_path", &attend::fp16_compute_path,
+        "How float16 products are computed on this CPU (AVX512_FP16 or float32 conversion)");
   m.def("runtime_report", &attend::runtime_report,
         "runtime_report() -> str: what `attend info` prints (version, SIMD targets, threads, "
         "reduced-precision paths)");
-  m.def("set_num_threads", &set_num_threads);
-  m.def("get_num_threads", [] { return resolve_num_threads(0); });
+  m.def("set_num_threads", &set_num_threads, py::arg("num_threads"),
+        "Threads for calls that do not name num_threads, process-wide; 0 restores the "
+        "default (OMP_NUM_THREADS, else the cores this process may run on)");
+  m.def(
+      "get_num_threads", [] { return resolve_num_threads(0); },
+      "Threads a call uses when it does not name num_threads");
   // How attend sees an array: (address, shape, strides in elements, dtype, "numpy" or
   // "torch"); the tests check it is the caller's memory, read in place.
-  m.def("view_of", [](py::handle array, bool writable) {
-    const Borrowed b = borrow(array, "array", writable);
-    std::vector<int64_t> shape(b.view.shape.data(), b.view.shape.data() + b.view.rank());
-    std::vector<int64_t> strides(b.view.strides.data(), b.view.strides.data() + b.view.rank());
-    return py::make_tuple(reinterpret_cast<uintptr_t>(b.view.data), shape, strides,
-                          attend::dtype_name(b.view.dtype),
-                          b.kind == Kind::kTorch ? "torch" : "numpy");
-  });
-  m.def("cpp_sdpa_seconds", &cpp_sdpa_seconds);
-  m.def("cpp_sdpa_forward_backward_seconds", &cpp_sdpa_forward_backward_seconds);
-  m.def("cpp_multihead_seconds", &cpp_multihead_seconds);
+  m.def(
+      "view_of",
+      [](py::handle array, bool writable) {
+        const Borrowed b = borrow(array, "array", writable);
+        std::vector<int64_t> shape(b.view.shape.data(), b.view.shape.data() + b.view.rank());
+        std::vector<int64_t> strides(b.view.strides.data(), b.view.strides.data() + b.view.rank());
+        return py::make_tuple(reinterpret_cast<uintptr_t>(b.view.data), shape, strides,
+                              attend::dtype_name(b.view.dtype),
+                              b.kind == Kind::kTorch ? "torch" : "numpy");
+      },
+      py::arg("array"), py::arg("writable"),
+      "(address, shape, strides in elements, dtype, \"numpy\" or \"torch\") of the view attend "
+      "reads of an array of any shape");
+  m.def("cpp_sdpa_seconds", &cpp_sdpa_seconds, py::arg("query"), py::arg("key"), py::arg("value"),
+        py::arg("out"), py::arg("causal"), py::arg("calls"), py::arg("num_threads"),
+        py::arg("thread_cpu_time"),
+        "Seconds per C++ scaled_dot_product_attention (into out when not None) on query "
+        "(..., H, Lq, E), key, value (..., H, Lk, E/Ev) in a C++ loop of `calls`");
+  m.def("cpp_sdpa_forward_backward_seconds", &cpp_sdpa_forward_backward_seconds, py::arg("query"),
+        py::arg("key"), py::arg("value"), py::arg("grad_output"), py::arg("causal"),
+        py::arg("calls"), py::arg("num_threads"),
+        "Seconds per C++ forward (with log-sum-exp) and backward on query (..., H, Lq, E), key, "
+        "value (..., H, Lk, E/Ev), grad_output (..., H, Lq, Ev) in a C++ loop of `calls`");
+  m.def("cpp_multihead_seconds", &cpp_multihead_seconds, py::arg("module"), py::arg("x"),
+        py::arg("calls"), py::arg("num_threads"), py::arg("thread_cpu_time"),
+        "Seconds per C++ MultiHeadAttention forward on x (N, L, E) (self-attention, no "
+        "weights) in a C++ loop of `calls`");
   bind_sdpa(m);
   bind_modules(m);
   bind_serving(m);

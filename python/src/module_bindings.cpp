@@ -201,27 +201,43 @@ void bind_modules(py::module_& m) {
       .def_property_readonly("has_bias", &attend::MultiHeadAttention::has_bias)
       .def_property_readonly("packed_in_projection",
                              &attend::MultiHeadAttention::packed_in_projection)
-      .def("parameters",
-           [](py::object self) {
-             return parameter_views(self.cast<attend::MultiHeadAttention&>().state_dict(), self);
-           })
-      .def("load_state_dict",
-           [](attend::MultiHeadAttention& module, const py::dict& state) {
-             module.load_state_dict(tensors_of(state));
-           })
-      .def("load", &attend::MultiHeadAttention::load, py::call_guard<py::gil_scoped_release>())
-      .def("save", &attend::MultiHeadAttention::save, py::call_guard<py::gil_scoped_release>())
-      .def("backward", &multihead_backward);
+      .def(
+          "parameters",
+          [](py::object self) {
+            return parameter_views(self.cast<attend::MultiHeadAttention&>().state_dict(), self);
+          },
+          "state_dict name -> writable NumPy view of the C++ memory (in_proj_weight (3E, E) "
+          "or q/k/v_proj_weight, in_proj_bias (3E), out_proj.weight (E, E), out_proj.bias (E))")
+      .def(
+          "load_state_dict",
+          [](attend::MultiHeadAttention& module, const py::dict& state) {
+            module.load_state_dict(tensors_of(state));
+          },
+          py::arg("state"), "Copies name -> array (the shapes of parameters()) into the module")
+      .def("load", &attend::MultiHeadAttention::load, py::call_guard<py::gil_scoped_release>(),
+           py::arg("path"), "Loads a safetensors file holding a state_dict")
+      .def("save", &attend::MultiHeadAttention::save, py::call_guard<py::gil_scoped_release>(),
+           py::arg("path"), "Saves the state_dict as a safetensors file")
+      .def("backward", &multihead_backward, py::arg("grad_output"), py::arg("query"),
+           py::arg("key"), py::arg("value"), py::arg("tape"), py::arg("key_padding_mask"),
+           py::arg("attn_mask"), py::arg("causal"), py::arg("dropout"), py::arg("seed"),
+           py::arg("num_threads"),
+           "grad_output (N, L, E) of multihead_forward's call -> (d_query (N, L, E), d_key "
+           "(N, S, kdim) or None, d_value (N, S, vdim) or None, {name: d_parameter}); None "
+           "where key or value is the query object");
 
   py::class_<attend::SpatialSelfAttention>(m, "SpatialSelfAttention")
-      .def(py::init([](int64_t channels, int64_t num_heads, int64_t groups, double eps,
-                       uint64_t seed) {
-        attend::SpatialAttentionOptions options;
-        options.group_norm_groups = groups;
-        options.eps = eps;
-        return std::make_unique<attend::SpatialSelfAttention>(channels, num_heads, options, seed);
-      }))
-      .def_property_readonly("channels", &attend::SpatialSelfAttention::channels)
+      .def(py::init(
+               [](int64_t channels, int64_t num_heads, int64_t groups, double eps, uint64_t seed) {
+                 attend::SpatialAttentionOptions options;
+                 options.group_norm_groups = groups;
+                 options.eps = eps;
+                 return std::make_unique<attend::SpatialSelfAttention>(channels, num_heads, options,
+                                                                       seed);
+               }),
+           py::arg("channels"), py::arg("num_heads"), py::arg("groups"), py::arg("eps"),
+           py::arg("seed"))
+      .def_property_readonly("channels", &attend::SpatialSelfAttention::channels, "C")
       .def("parameters",
            [](py::object self) {
              auto& module = self.cast<attend::SpatialSelfAttention&>();
@@ -231,29 +247,34 @@ void bind_modules(py::module_& m) {
                  parameter_views(module.attention().state_dict(), self, "attention."));
              return result;
            })
-      .def("forward",
-           [](const attend::SpatialSelfAttention& module, py::handle x, int num_threads) {
-             const Borrowed input = borrow(x, "x");
-             Tensor output;
-             {
-               py::gil_scoped_release release;
-               output = module.forward(input.view, resolve_num_threads(num_threads));
-             }
-             return to_python(std::move(output), input.kind);
-           });
+      .def(
+          "forward",
+          [](const attend::SpatialSelfAttention& module, py::handle x, int num_threads) {
+            const Borrowed input = borrow(x, "x");
+            Tensor output;
+            {
+              py::gil_scoped_release release;
+              output = module.forward(input.view, resolve_num_threads(num_threads));
+            }
+            return to_python(std::move(output), input.kind);
+          },
+          py::arg("x"), py::arg("num_threads"), "x (N, C, H, W) -> (N, C, H, W)");
 
   py::class_<attend::PatchEmbedding>(m, "PatchEmbedding")
       .def(py::init([](int64_t in_channels, int64_t patch_size, int64_t embed_dim, bool class_token,
                        bool position_embeddings, int64_t image_height, int64_t image_width,
                        uint64_t seed) {
-        attend::PatchEmbeddingOptions options;
-        options.class_token = class_token;
-        options.position_embeddings = position_embeddings;
-        options.image_height = image_height;
-        options.image_width = image_width;
-        return std::make_unique<attend::PatchEmbedding>(in_channels, patch_size, embed_dim, options,
-                                                        seed);
-      }))
+             attend::PatchEmbeddingOptions options;
+             options.class_token = class_token;
+             options.position_embeddings = position_embeddings;
+             options.image_height = image_height;
+             options.image_width = image_width;
+             return std::make_unique<attend::PatchEmbedding>(in_channels, patch_size, embed_dim,
+                                                             options, seed);
+           }),
+           py::arg("in_channels"), py::arg("patch_size"), py::arg("embed_dim"),
+           py::arg("class_token"), py::arg("position_embeddings"), py::arg("image_height"),
+           py::arg("image_width"), py::arg("seed"))
       .def("parameters",
            [](py::object self) {
              auto& module = self.cast<attend::PatchEmbedding&>();
@@ -263,78 +284,104 @@ void bind_modules(py::module_& m) {
                                      {"position_embeddings", module.position_embeddings()}},
                                     self);
            })
-      .def("forward", [](const attend::PatchEmbedding& module, py::handle x, int num_threads) {
-        const Borrowed input = borrow(x, "x");
-        Tensor output;
-        {
-          py::gil_scoped_release release;
-          output = module.forward(input.view, resolve_num_threads(num_threads));
-        }
-        return to_python(std::move(output), input.kind);
-      });
+      .def(
+          "forward",
+          [](const attend::PatchEmbedding& module, py::handle x, int num_threads) {
+            const Borrowed input = borrow(x, "x");
+            Tensor output;
+            {
+              py::gil_scoped_release release;
+              output = module.forward(input.view, resolve_num_threads(num_threads));
+            }
+            return to_python(std::move(output), input.kind);
+          },
+          py::arg("x"), py::arg("num_threads"), "x (N, C, H, W) -> (N, [1 +] P, D)");
 
   py::class_<attend::PositionEmbedding>(m, "PositionEmbedding")
-      .def(py::init<int64_t, int64_t, uint64_t>())
+      .def(py::init<int64_t, int64_t, uint64_t>(), py::arg("max_length"), py::arg("dim"),
+           py::arg("seed"))
       .def("parameters",
            [](py::object self) {
              return parameter_views({{"weight", self.cast<attend::PositionEmbedding&>().table()}},
                                     self);
            })
-      .def("forward", [](const attend::PositionEmbedding& module, int64_t length, int64_t offset) {
-        return to_python(module.forward(length, offset), Kind::kNumpy);
-      });
+      .def(
+          "forward",
+          [](const attend::PositionEmbedding& module, int64_t length, int64_t offset) {
+            return to_python(module.forward(length, offset), Kind::kNumpy);
+          },
+          py::arg("length"), py::arg("offset"),
+          "-> rows [offset, offset + length) of the table, float32 (length, dim)");
 
   py::class_<attend::TokenEmbedding>(m, "TokenEmbedding")
-      .def(py::init<int64_t, int64_t, uint64_t>())
+      .def(py::init<int64_t, int64_t, uint64_t>(), py::arg("vocab_size"), py::arg("dim"),
+           py::arg("seed"))
       .def("parameters",
            [](py::object self) {
              return parameter_views({{"weight", self.cast<attend::TokenEmbedding&>().table()}},
                                     self);
            })
-      .def("forward", [](const attend::TokenEmbedding& module, py::handle ids) {
-        const Borrowed input = borrow(ids, "ids");
-        Tensor output;
+      .def(
+          "forward",
+          [](const attend::TokenEmbedding& module, py::handle ids) {
+            const Borrowed input = borrow(ids, "ids");
+            Tensor output;
+            {
+              py::gil_scoped_release release;
+              output = module.forward(input.view);
+            }
+            return to_python(std::move(output), input.kind);
+          },
+          py::arg("ids"), "ids (..., L) integers -> float32 (..., L, dim)");
+
+  m.def(
+      "sinusoidal_positional_encoding",
+      [](int64_t length, int64_t dim, int64_t offset) {
+        return to_python(attend::sinusoidal_positional_encoding(length, dim, offset), Kind::kNumpy);
+      },
+      py::arg("length"), py::arg("dim"), py::arg("offset"),
+      "-> float32 (length, dim), positions [offset, offset + length)");
+  m.def(
+      "add_positional_encoding",
+      [](py::handle x, py::handle encoding) {
+        const Borrowed target = borrow(x, "x", /*writable=*/true);
+        const Borrowed table = borrow(encoding, "encoding");
+        py::gil_scoped_release release;
+        attend::add_positional_encoding(target.view, table.view);
+      },
+      py::arg("x"), py::arg("encoding"), "x (N, L, d) or (L, d) += encoding (L, d), in place");
+
+  m.def(
+      "load_safetensors",
+      [](const std::string& path) {
+        attend::SafetensorsContents contents;
         {
           py::gil_scoped_release release;
-          output = module.forward(input.view);
+          contents = attend::load_safetensors(path);
         }
-        return to_python(std::move(output), input.kind);
-      });
-
-  m.def("sinusoidal_positional_encoding", [](int64_t length, int64_t dim, int64_t offset) {
-    return to_python(attend::sinusoidal_positional_encoding(length, dim, offset), Kind::kNumpy);
-  });
-  m.def("add_positional_encoding", [](py::handle x, py::handle encoding) {
-    const Borrowed target = borrow(x, "x", /*writable=*/true);
-    const Borrowed table = borrow(encoding, "encoding");
-    py::gil_scoped_release release;
-    attend::add_positional_encoding(target.view, table.view);
-  });
-
-  m.def("load_safetensors", [](const std::string& path) {
-    attend::SafetensorsContents contents;
-    {
-      py::gil_scoped_release release;
-      contents = attend::load_safetensors(path);
-    }
-    py::dict tensors;
-    for (auto& [name, tensor] : contents.tensors) {
-      tensors[py::str(name)] = to_python(std::move(tensor), Kind::kNumpy);
-    }
-    return py::make_tuple(tensors, contents.metadata);
-  });
-  m.def("save_safetensors", [](const std::string& path, const py::dict& tensors,
-                               const std::map<std::string, std::string>& metadata) {
-    std::map<std::string, Borrowed> borrowed;
-    std::map<std::string, TensorView> views;
-    for (const auto& [key, value] : tensors) {
-      const std::string name = py::str(key);
-      auto [it, inserted] = borrowed.emplace(name, borrow(value, name.c_str()));
-      views.emplace(name, it->second.view);
-    }
-    py::gil_scoped_release release;
-    attend::save_safetensors(path, views, metadata);
-  });
+        py::dict tensors;
+        for (auto& [name, tensor] : contents.tensors) {
+          tensors[py::str(name)] = to_python(std::move(tensor), Kind::kNumpy);
+        }
+        return py::make_tuple(tensors, contents.metadata);
+      },
+      py::arg("path"), "-> ({name: NumPy array of the stored shape}, {metadata key: value})");
+  m.def(
+      "save_safetensors",
+      [](const std::string& path, const py::dict& tensors,
+         const std::map<std::string, std::string>& metadata) {
+        std::map<std::string, Borrowed> borrowed;
+        std::map<std::string, TensorView> views;
+        for (const auto& [key, value] : tensors) {
+          const std::string name = py::str(key);
+          auto [it, inserted] = borrowed.emplace(name, borrow(value, name.c_str()));
+          views.emplace(name, it->second.view);
+        }
+        py::gil_scoped_release release;
+        attend::save_safetensors(path, views, metadata);
+      },
+      py::arg("path"), py::arg("tensors"), py::arg("metadata"),
+      "Writes name -> array (any shape, any strides) and metadata strings, atomically");
 }
 
 }  // namespace attend_python

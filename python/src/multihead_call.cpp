@@ -222,7 +222,9 @@ void install_multihead_call(py::handle cls, py::handle fallback, py::tuple globa
 void bind_multihead_call(py::module_& m) {
   m.attr("multihead_call") =
       py::reinterpret_steal<py::object>(PyCFunction_New(&multihead_call_method, nullptr));
-  m.def("_install_multihead_call", &install_multihead_call);
+  m.def("_install_multihead_call", &install_multihead_call, py::arg("cls"), py::arg("fallback"),
+        py::arg("global_hooks"), py::arg("hook_attributes"),
+        "cls.__call__ becomes module_call (attend/_multihead.py calls this once)");
 }
 
 }  // namespace attend_python

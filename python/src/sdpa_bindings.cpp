@@ -415,19 +415,34 @@ void bind_sdpa(py::module_& m) {
   m.attr("scaled_dot_product_attention") =
       py::reinterpret_steal<py::object>(PyCFunction_New(&sdpa_entry_method, nullptr));
   // (mask, bias): PyTorch's attn_mask as attend's, by the rule of the C entry.
-  m.def("split_attn_mask", [](py::object attn_mask, bool is_causal) {
-    const Borrowed view = borrow(attn_mask, "attn_mask");
-    const bool additive = is_additive_mask(view.view.dtype, is_causal);
-    return additive ? py::make_tuple(py::none(), attn_mask) : py::make_tuple(attn_mask, py::none());
-  });
+  m.def(
+      "split_attn_mask",
+      [](py::object attn_mask, bool is_causal) {
+        const Borrowed view = borrow(attn_mask, "attn_mask");
+        const bool additive = is_additive_mask(view.view.dtype, is_causal);
+        return additive ? py::make_tuple(py::none(), attn_mask)
+                        : py::make_tuple(attn_mask, py::none());
+      },
+      py::arg("attn_mask"), py::arg("is_causal"),
+      "PyTorch's attn_mask (broadcastable to (..., Hq, Lq, Lk)) as attend's (mask, bias): bool -> "
+      "(mask, None), float -> (None, mask)");
   // The entry's docstring (with its signature line, for inspect) is the Python
   // implementation's; set once at import (attend/__init__.py).
-  m.def("set_entry_doc", [](const std::string& doc) {
-    static std::string* text = new std::string;  // outlives the function object
-    *text = doc;
-    sdpa_entry_method.ml_doc = text->c_str();
-  });
-  m.def("sdpa_backward", &sdpa_backward, "see sdpa_bindings.cpp");
+  m.def(
+      "set_entry_doc",
+      [](const std::string& doc) {
+        static std::string* text = new std::string;  // outlives the function object
+        *text = doc;
+        sdpa_entry_method.ml_doc = text->c_str();
+      },
+      py::arg("doc"), "Sets scaled_dot_product_attention's docstring (once, at import)");
+  m.def("sdpa_backward", &sdpa_backward, py::arg("grad_output"), py::arg("query"), py::arg("key"),
+        py::arg("value"), py::arg("output"), py::arg("logsumexp"), py::arg("mask"), py::arg("bias"),
+        py::arg("rules"), py::arg("scale"), py::arg("dropout"), py::arg("seed"), py::arg("flags"),
+        py::arg("num_threads"), py::arg("want_bias"), py::arg("want_sinks"),
+        "The gradients of sdpa's call: grad_output (..., Hq, Lq, Ev), query (..., Hq, Lq, E), "
+        "key (..., Hkv, Lk, E), value (..., Hkv, Lk, Ev), output, logsumexp (..., Hq, Lq) -> "
+        "(d_query, d_key, d_value, d_bias or None, d_sinks or None) of the inputs' shapes");
   m.attr("FLAG_CAUSAL") = int{kCausal};
   m.attr("FLAG_TOP_LEFT") = int{kTopLeft};
   m.attr("FLAG_NEED_WEIGHTS") = int{kNeedWeights};

@@ -553,9 +553,14 @@ void bind_serving(py::module_& m) {
            py::arg("sinks") = py::none(), py::arg("prefix") = 0, py::arg("scale") = py::none(),
            py::arg("masked_rows") = "uniform", py::arg("compute") = "auto",
            py::arg("num_threads") = 0)
-      .def_property_readonly("causal", [](const ServingOptions& s) { return s.options.causal; })
-      .def_property_readonly("scale", [](const ServingOptions& s) { return s.options.scale; })
-      .def_property_readonly("num_threads", [](const ServingOptions& s) { return s.num_threads; });
+      .def_property_readonly(
+          "causal", [](const ServingOptions& s) { return s.options.causal; }, "causal masking")
+      .def_property_readonly(
+          "scale", [](const ServingOptions& s) { return s.options.scale; },
+          "the score scale, None for 1/sqrt(E)")
+      .def_property_readonly(
+          "num_threads", [](const ServingOptions& s) { return s.num_threads; },
+          "threads per call, 0 for attend.get_num_threads()");
 
   m.def("paged_attention", &paged_attention, kPagedDoc, py::arg("query"), py::arg("cu_seqlens_q"),
         py::arg("key_blocks"), py::arg("value_blocks"), py::arg("block_tables"),
@@ -571,12 +576,15 @@ void bind_serving(py::module_& m) {
   py::class_<attend::RopeOptions>(m, "Rope", kRopeDoc)
       .def(py::init(&make_rope), py::kw_only(), py::arg("base") = 10000.0,
            py::arg("interleaved") = false, py::arg("rotary_dim") = 0)
-      .def_readonly("base", &attend::RopeOptions::base)
-      .def_readonly("rotary_dim", &attend::RopeOptions::rotary_dim)
-      .def_property_readonly("interleaved",
-                             [](const attend::RopeOptions& r) {
-                               return r.convention == attend::RopeConvention::kInterleaved;
-                             })
+      .def_readonly("base", &attend::RopeOptions::base, "the frequency base (10000 in most models)")
+      .def_readonly("rotary_dim", &attend::RopeOptions::rotary_dim,
+                    "R, the leading dimensions rotated (0: all of D)")
+      .def_property_readonly(
+          "interleaved",
+          [](const attend::RopeOptions& r) {
+            return r.convention == attend::RopeConvention::kInterleaved;
+          },
+          "pairs (x[2k], x[2k+1]) (GPT-J) when True, else (x[k], x[k + R/2]) (NeoX)")
       .def("apply", &rope_apply, kRopeApplyDoc, py::arg("x"), py::arg("position_offset") = 0)
       .def("apply_at", &rope_apply_at, kRopeApplyAtDoc, py::arg("x"), py::arg("positions"));
 
@@ -595,50 +603,70 @@ void bind_serving(py::module_& m) {
            py::arg("num_blocks"), py::kw_only(), py::arg("block_size") = 16,
            py::arg("kv_heads") = 1, py::arg("head_dim") = 64, py::arg("value_dim") = 0,
            py::arg("dtype") = "float32")
-      .def_property_readonly("num_blocks",
-                             [](const attend::PagedKvCache& c) { return c.config().num_blocks; })
-      .def_property_readonly("block_size",
-                             [](const attend::PagedKvCache& c) { return c.config().block_size; })
-      .def_property_readonly("kv_heads",
-                             [](const attend::PagedKvCache& c) { return c.config().kv_heads; })
-      .def_property_readonly("head_dim",
-                             [](const attend::PagedKvCache& c) { return c.config().head_dim; })
-      .def_property_readonly("value_dim",
-                             [](const attend::PagedKvCache& c) {
-                               const attend::KvCacheConfig& config = c.config();
-                               return config.value_dim > 0 ? config.value_dim : config.head_dim;
-                             })
       .def_property_readonly(
-          "dtype", [](const attend::PagedKvCache& c) { return attend::dtype_name(c.config().dtype); })
-      .def_property_readonly("free_blocks", &attend::PagedKvCache::free_blocks)
-      .def_property_readonly("nbytes", &attend::PagedKvCache::bytes)
-      .def_property_readonly("key_blocks", &storage_property<&attend::PagedKvCache::key_blocks>)
-      .def_property_readonly("value_blocks",
-                             &storage_property<&attend::PagedKvCache::value_blocks>)
-      .def_property_readonly("key_scales", &storage_property<&attend::PagedKvCache::key_scales>)
-      .def_property_readonly("value_scales",
-                             &storage_property<&attend::PagedKvCache::value_scales>)
+          "num_blocks", [](const attend::PagedKvCache& c) { return c.config().num_blocks; },
+          "N, the blocks of the pool")
+      .def_property_readonly(
+          "block_size", [](const attend::PagedKvCache& c) { return c.config().block_size; },
+          "tokens per block")
+      .def_property_readonly(
+          "kv_heads", [](const attend::PagedKvCache& c) { return c.config().kv_heads; },
+          "Hkv, the key/value heads")
+      .def_property_readonly(
+          "head_dim", [](const attend::PagedKvCache& c) { return c.config().head_dim; },
+          "E, the key dimension")
+      .def_property_readonly(
+          "value_dim",
+          [](const attend::PagedKvCache& c) {
+            const attend::KvCacheConfig& config = c.config();
+            return config.value_dim > 0 ? config.value_dim : config.head_dim;
+          },
+          "Ev, the value dimension")
+      .def_property_readonly(
+          "dtype",
+          [](const attend::PagedKvCache& c) { return attend::dtype_name(c.config().dtype); },
+          "the blocks' dtype name (\"float32\", ..., \"float8_e5m2\")")
+      .def_property_readonly("free_blocks", &attend::PagedKvCache::free_blocks,
+                             "blocks no sequence holds")
+      .def_property_readonly("nbytes", &attend::PagedKvCache::bytes,
+                             "bytes of the blocks and scales")
+      .def_property_readonly("key_blocks", &storage_property<&attend::PagedKvCache::key_blocks>,
+                             "the keys, a NumPy view (num_blocks, block_size, kv_heads, head_dim)")
+      .def_property_readonly("value_blocks", &storage_property<&attend::PagedKvCache::value_blocks>,
+                             "the values, a NumPy view (num_blocks, block_size, kv_heads, "
+                             "value_dim)")
+      .def_property_readonly("key_scales", &storage_property<&attend::PagedKvCache::key_scales>,
+                             "int8/float8 caches: the keys' float32 scales, a NumPy view "
+                             "(num_blocks, block_size, kv_heads); else None")
+      .def_property_readonly("value_scales", &storage_property<&attend::PagedKvCache::value_scales>,
+                             "int8/float8 caches: the values' float32 scales, a NumPy view "
+                             "(num_blocks, block_size, kv_heads); else None")
       .def("add_sequence", &attend::PagedKvCache::add_sequence,
            "add_sequence() -> int: a new empty sequence; returns its id")
       .def("fork", &attend::PagedKvCache::fork,
            "fork(id) -> int: a new sequence sharing id's blocks (copy on write of a shared, "
-           "partly filled last block at the next append); returns its id", py::arg("id"))
+           "partly filled last block at the next append); returns its id",
+           py::arg("id"))
       .def("remove_sequence", &attend::PagedKvCache::remove_sequence,
-           "remove_sequence(id): returns its blocks no other sequence shares to the free list", py::arg("id"))
+           "remove_sequence(id): returns its blocks no other sequence shares to the free list",
+           py::arg("id"))
       .def("length", &attend::PagedKvCache::length,
            "length(id) -> int: tokens appended so far (evicted ones included)", py::arg("id"))
       .def("block_table", &attend::PagedKvCache::block_table,
-           "block_table(id) -> list[int]: the blocks of sequence id in order, -1 for evicted ones", py::arg("id"))
+           "block_table(id) -> list[int]: the blocks of sequence id in order, -1 for evicted ones",
+           py::arg("id"))
       .def("evict_outside_window", &attend::PagedKvCache::evict_outside_window,
            "evict_outside_window(id, window): frees the blocks whose every token j < length - "
-           "window (what a sliding window of that size never reads again)", py::arg("id"),
-           py::arg("window"))
+           "window (what a sliding window of that size never reads again)",
+           py::arg("id"), py::arg("window"))
       .def("append", &cache_append, kAppendDoc, py::arg("ids"), py::arg("key"), py::arg("value"),
            py::arg("cu_seqlens"), py::kw_only(), py::arg("rope") = nullptr)
-      .def("attend", &cache_attend, kCacheAttendDoc, py::arg("ids"), py::arg("query"), py::arg("cu_seqlens_q"),
-           py::kw_only(), py::arg("out") = py::none(), py::arg("options") = nullptr,
-           py::arg("logsumexp") = py::none(), py::arg("key_mass") = py::none());
+      .def("attend", &cache_attend, kCacheAttendDoc, py::arg("ids"), py::arg("query"),
+           py::arg("cu_seqlens_q"), py::kw_only(), py::arg("out") = py::none(),
+           py::arg("options") = nullptr, py::arg("logsumexp") = py::none(),
+           py::arg("key_mass") = py::none());
 
+  py::class_<BoundPlan> bound(m, "BoundPlan", kBoundPlanDoc);
   py::class_<Plan> plan(m, "AttentionPlan", kPlanDoc);
   plan
       .def(py::init(&make_plan), py::arg("query"), py::arg("key"), py::arg("value"),
@@ -658,11 +686,15 @@ void bind_serving(py::module_& m) {
       "run", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(plan_run_fastcall)),
       METH_FASTCALL | METH_KEYWORDS, kPlanRunDoc};
   add_method(plan, &run_method);
-  py::class_<BoundPlan> bound(m, "BoundPlan", kBoundPlanDoc);
-  static PyMethodDef call_method = {"__call__", bound_plan_call, METH_NOARGS,
-                                    "runs the plan on the bound arrays (writes out)"};
+  static PyMethodDef call_method = {
+      "__call__", bound_plan_call, METH_NOARGS,
+      "__call__($self, /)\n--\n\nRuns the plan on the bound arrays: writes out (..., Lq, Ev) "
+      "(and logsumexp (..., Lq))."};
   add_method(bound, &call_method);
-  m.def("cpp_plan_seconds", &cpp_plan_seconds);
+  m.def("cpp_plan_seconds", &cpp_plan_seconds, py::arg("plan"), py::arg("query"), py::arg("key"),
+        py::arg("value"), py::arg("out"), py::arg("calls"), py::arg("thread_cpu_time"),
+        "Seconds per AttentionPlan::run on query (..., Lq, E), key, value (..., Lk, E/Ev), out "
+        "(..., Lq, Ev) in a C++ loop of `calls` (bench/python_bench.py's baseline).");
 }
 
 }  // namespace attend_python

@@ -129,11 +129,23 @@ py::object tensor_method(py::handle tensor, const TorchApi& torch, const py::obj
 
 }  // namespace
 
+// The attend dtype of a torch dtype object, or nullopt.
+std::optional<DType> dtype_of(const TorchApi& torch, PyObject* dtype_object) {
+  for (const auto& [candidate, d] : torch.dtypes) {
+    if (candidate.ptr() == dtype_object) return d;
+  }
+  return std::nullopt;
+}
+
 // A torch tensor read through data_ptr(), shape, stride() and dtype: the fields its DLPack
 // export carries, without the as_strided view torch.utils.dlpack.to_dlpack makes per call
-// (0.45 us per tensor, most of the overhead budget of a small call).
+// (0.45 us per tensor, most of the overhead budget of a small call). For torch.Tensor and
+// nn.Parameter the five reads are the C functions of torch._C._TensorBase, chosen once per
+// tensor; the shape and strides go into the view's dimensions in one copy each.
 attend::TensorView view_of_torch(py::handle tensor, const char* name) {
   const TorchApi& torch = *torch_api();
+  const bool direct = exact(tensor, torch);
+  PyObject* self = tensor.ptr();
   const auto guarded = [&](auto read) {
     try {
       return read();
@@ -143,7 +155,12 @@ attend::TensorView view_of_torch(py::handle tensor, const char* name) {
     }
   };
   const auto get = [&](const py::object& attribute, const PyGetSetDef* getter) {
-    return guarded([&] { return tensor_attribute(tensor, torch, attribute, getter); });
+    return guarded([&] {
+      PyObject* value =
+          direct ? getter->get(self, getter->closure) : PyObject_GetAttr(self, attribute.ptr());
+      if (value == nullptr) throw py::error_already_set();
+      return py::reinterpret_steal<py::object>(value);
+    });
   };
   const auto call = [&](const py::object& method, const PyMethodDef* function) {
     return guarded([&] { return tensor_method(tensor, torch, method, function); });
@@ -153,27 +170,32 @@ attend::TensorView view_of_torch(py::handle tensor, const char* name) {
                         std::string(py::str(tensor.attr(torch.device))) +
                         "; attend computes on the CPU (move it there first, e.g. tensor.cpu())");
   }
-  const py::object dtype_object = get(torch.dtype, torch.base_dtype);
-  std::optional<DType> dtype;
-  for (const auto& [candidate, d] : torch.dtypes) {
-    if (candidate.ptr() == dtype_object.ptr()) dtype = d;
+  const std::optional<DType> dtype = [&] {
+    const py::object dtype_object = get(torch.dtype, torch.base_dtype);
+    const std::optional<DType> d = dtype_of(torch, dtype_object.ptr());
+    if (!d) {
+      throw ArgumentTypeError(std::string(name) + ": dtype " + std::string(py::str(dtype_object)) +
+                              " is not supported; attend reads float16/32/64, bfloat16, bool and "
+                              "integer tensors");
+    }
+    return d;
+  }();
+  int64_t dims[Shape::kMaxRank], steps[Shape::kMaxRank];
+  Py_ssize_t rank;
+  {
+    const py::object strides_object = call(torch.stride, torch.base_stride);  // not sparse
+    const py::object shape_object = get(torch.shape, torch.base_shape);
+    rank = PyTuple_GET_SIZE(shape_object.ptr());
+    check_rank(static_cast<int>(rank), name);
+    for (Py_ssize_t d = 0; d < rank; ++d) {
+      dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape_object.ptr(), d));
+      steps[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides_object.ptr(), d));
+    }
   }
-  if (!dtype) {
-    throw ArgumentTypeError(std::string(name) + ": dtype " + std::string(py::str(dtype_object)) +
-                            " is not supported; attend reads float16/32/64, bfloat16, bool and "
-                            "integer tensors");
-  }
-  const py::object strides_object = call(torch.stride, torch.base_stride);  // not sparse
-  const py::object shape_object = get(torch.shape, torch.base_shape);
-  const Py_ssize_t rank = PyTuple_GET_SIZE(shape_object.ptr());
-  check_rank(static_cast<int>(rank), name);
-  Shape shape, strides;
-  for (Py_ssize_t d = 0; d < rank; ++d) {
-    shape.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(shape_object.ptr(), d)));
-    strides.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(strides_object.ptr(), d)));
-  }
-  void* data = PyLong_AsVoidPtr(call(torch.data_ptr, torch.base_data_ptr).ptr());
-  return attend::TensorView(data, *dtype, shape, strides);
+  const py::object address = call(torch.data_ptr, torch.base_data_ptr);
+  return attend::TensorView(PyLong_AsVoidPtr(address.ptr()), *dtype,
+                            Shape::from(dims, static_cast<int>(rank)),
+                            Shape::from(steps, static_cast<int>(rank)));
 }
 
 py::object torch_result(attend::Tensor&& tensor, const Shape& shape, const Shape& strides) {
@@ -193,7 +215,10 @@ bool requires_grad(py::handle tensor) {
 
 bool is_torch_tensor(py::handle object) {
   const TorchApi* torch = torch_api();
-  return torch != nullptr && PyObject_TypeCheck(object.ptr(), torch->tensor_type);
+  if (torch == nullptr) return false;
+  const PyTypeObject* type = Py_TYPE(object.ptr());
+  return type == torch->tensor_type || type == torch->parameter_type ||
+         PyObject_TypeCheck(object.ptr(), torch->tensor_type);
 }
 
 const void* torch_data_ptr(py::handle tensor) {
