@@ -4,7 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 start=$SECONDS
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# The tests' own sources at -O1 (ATTEND_TEST_COMPILE_OPTIONS): what they check is the library,
+# built at -O3 like everything else; -O1 compiles them in three quarters of the time.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DATTEND_TEST_COMPILE_OPTIONS=-O1 >/dev/null
 cmake --build build
 echo "test.sh: built in $((SECONDS - start)) s"
 start=$SECONDS
