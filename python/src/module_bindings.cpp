@@ -79,6 +79,19 @@ TensorView swap_leading_axes(TensorView view) {
   return view;
 }
 
+// forward(x, num_threads) of a module that maps one tensor to one (SpatialSelfAttention,
+// PatchEmbedding): the result in x's kind (NumPy or torch), the GIL released while it runs.
+template <class Module>
+py::object forward_one(const Module& module, py::handle x, int num_threads) {
+  const Borrowed input = borrow(x, "x");
+  Tensor output;
+  {
+    py::gil_scoped_release release;
+    output = module.forward(input.view, resolve_num_threads(num_threads));
+  }
+  return to_python(std::move(output), input.kind);
+}
+
 }  // namespace
 
 // See bindings.hpp.
@@ -247,18 +260,8 @@ void bind_modules(py::module_& m) {
                  parameter_views(module.attention().state_dict(), self, "attention."));
              return result;
            })
-      .def(
-          "forward",
-          [](const attend::SpatialSelfAttention& module, py::handle x, int num_threads) {
-            const Borrowed input = borrow(x, "x");
-            Tensor output;
-            {
-              py::gil_scoped_release release;
-              output = module.forward(input.view, resolve_num_threads(num_threads));
-            }
-            return to_python(std::move(output), input.kind);
-          },
-          py::arg("x"), py::arg("num_threads"), "x (N, C, H, W) -> (N, C, H, W)");
+      .def("forward", &forward_one<attend::SpatialSelfAttention>, py::arg("x"), py::arg("num_threads"),
+           "x (N, C, H, W) -> (N, C, H, W)");
 
   py::class_<attend::PatchEmbedding>(m, "PatchEmbedding")
       .def(py::init([](int64_t in_channels, int64_t patch_size, int64_t embed_dim, bool class_token,
@@ -284,18 +287,8 @@ void bind_modules(py::module_& m) {
                                      {"position_embeddings", module.position_embeddings()}},
                                     self);
            })
-      .def(
-          "forward",
-          [](const attend::PatchEmbedding& module, py::handle x, int num_threads) {
-            const Borrowed input = borrow(x, "x");
-            Tensor output;
-            {
-              py::gil_scoped_release release;
-              output = module.forward(input.view, resolve_num_threads(num_threads));
-            }
-            return to_python(std::move(output), input.kind);
-          },
-          py::arg("x"), py::arg("num_threads"), "x (N, C, H, W) -> (N, [1 +] P, D)");
+      .def("forward", &forward_one<attend::PatchEmbedding>, py::arg("x"), py::arg("num_threads"),
+           "x (N, C, H, W) -> (N, [1 +] P, D)");
 
   py::class_<attend::PositionEmbedding>(m, "PositionEmbedding")
       .def(py::init<int64_t, int64_t, uint64_t>(), py::arg("max_length"), py::arg("dim"),
