@@ -40,22 +40,26 @@ Shape::Shape(std::initializer_list<int64_t> dims) {
   for (int64_t d : dims) push_back(d);
 }
 
+namespace {
+// The one rule on a shape's rank, however the Shape is built.
+void require_rank_fits(int rank) {
+  if (rank > Shape::kMaxRank) {
+    throw Error("shape: rank " + std::to_string(rank) + " exceeds the maximum of " +
+                std::to_string(Shape::kMaxRank));
+  }
+}
+}  // namespace
+
 Shape Shape::from(const int64_t* dims, int rank) {
   Shape shape;
-  if (rank > kMaxRank) {
-    throw Error("shape: rank " + std::to_string(rank) + " exceeds the maximum of " +
-                std::to_string(kMaxRank));
-  }
+  require_rank_fits(rank);
   for (int i = 0; i < rank; ++i) shape.dims_[static_cast<size_t>(i)] = dims[i];
   shape.rank_ = rank > 0 ? rank : 0;
   return shape;
 }
 
 void Shape::push_back(int64_t d) {
-  if (rank_ >= kMaxRank) {
-    throw Error("shape: rank " + std::to_string(rank_ + 1) + " exceeds the maximum of " +
-                std::to_string(kMaxRank));
-  }
+  require_rank_fits(rank_ + 1);
   dims_[static_cast<size_t>(rank_++)] = d;
 }
 

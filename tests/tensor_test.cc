@@ -24,6 +24,25 @@ TEST(Shape, StrAndNumel) {
   EXPECT_THROW((void)Shape({3, -1}).numel(), Error);
 }
 
+// One rank rule for every way a Shape is built: at most kMaxRank dimensions, the same message.
+TEST(Shape, RankAboveTheMaximumIsAnErrorEitherWay) {
+  const std::vector<int64_t> dims(Shape::kMaxRank + 1, 2);
+  EXPECT_EQ(Shape::from(dims.data(), Shape::kMaxRank).rank(), Shape::kMaxRank);
+  for (int way = 0; way < 2; ++way) {
+    try {
+      if (way == 0) {
+        (void)Shape::from(dims.data(), Shape::kMaxRank + 1);
+      } else {
+        Shape shape = Shape::from(dims.data(), Shape::kMaxRank);
+        shape.push_back(2);
+      }
+      ADD_FAILURE() << "rank " << Shape::kMaxRank + 1 << " accepted (way " << way << ")";
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(), "shape: rank 9 exceeds the maximum of 8");
+    }
+  }
+}
+
 TEST(Tensor, AllocationOverflowIsAnError) {
   EXPECT_THROW(Tensor(DType::kFloat32, Shape({int64_t{1} << 62})), Error);
 }
