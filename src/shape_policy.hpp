@@ -185,9 +185,9 @@ inline PackedRow UnpackRow(int64_t row, int64_t group) { return {row % group, ro
 // causal, window, prefix, ALiBi, sinks, logsumexp, fully excluded rows. Declined (to the row
 // groups or the query tiles, which run them): softcap, mask, bias, documents (segment ids),
 // user rules, dropout, weights, half-precision, stored or paged K/V, half-precision products.
-// Up to 8 float32 lanes (SSE4, AVX2, SCALAR): with 16 (AVX-512) a row's 4 keys fill a quarter
-// of a vector, and the row groups' groups of 4 rows ran the phrase faster (BENCHMARKS.md,
-// "Short keys").
+// Up to 8 float32 lanes: on AVX-512 the kernel runs 256-bit vectors (with 16 lanes a row's 4
+// keys fill a quarter of a vector, and the row groups' groups of 4 rows ran the phrase faster
+// than the 16-lane form: BENCHMARKS.md, "Short keys"; "Per-call cost of the short keys").
 constexpr int64_t kMaxShortKeys = 16;
 constexpr int64_t kMaxShortQueries = 8;
 constexpr int64_t kMaxShortLanes = 8;

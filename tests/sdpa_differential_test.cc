@@ -268,8 +268,6 @@ TEST(CaseGrid, RunsEveryFusedPathOnEveryTarget) {
       const bool from_rows = std::string(path).rfind("fused rows", 0) == 0 ||
                              std::string(path).rfind("fused grouped", 0) == 0;
       if (from_rows && fused_lanes_of(target) < 8) continue;
-      // Short keys only up to 8 lanes (shape_policy.hpp: kMaxShortLanes).
-      if (std::string(path) == "fused short keys" && fused_lanes_of(target) > 8) continue;
       EXPECT_TRUE(paths.count(path)) << "no case runs " << path << " on " << target;
     }
   }

@@ -66,8 +66,10 @@ HWY_INLINE VF QuadSums(VF acc0, VF acc1, VF acc2, VF acc3) {
 // Chebyshev nodes (float32 coefficients). Evaluated in float32 its relative error is below
 // 1.8e-7 (3 ulps), less than the degree-6 Taylor polynomial's, with one FMA less; 2^0 is
 // exactly 1.
-HWY_INLINE VF Exp2Fraction(DF d, VF f) {
-  VF poly = hn::Set(d, 1.3268215116113424e-3f);
+// (Any float vector width: the short-key kernel runs 256-bit vectors on AVX-512.)
+template <class D>
+HWY_INLINE hn::Vec<D> Exp2Fraction(D d, hn::Vec<D> f) {
+  hn::Vec<D> poly = hn::Set(d, 1.3268215116113424e-3f);
   poly = hn::MulAdd(poly, f, hn::Set(d, 9.671511128544807e-3f));
   poly = hn::MulAdd(poly, f, hn::Set(d, 5.550721660256386e-2f));
   poly = hn::MulAdd(poly, f, hn::Set(d, 0.24022242426872253f));

@@ -4,7 +4,8 @@
 // Reads  query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev), float32 in place.
 // Writes output (..., Lq, Ev) and, on request, logsumexp (..., Lq).
 //
-// One work item per batch index b; per query row i, in three passes over at most 16 keys:
+// One work item per batch index b; per query row i, in three passes over at most 16 keys
+// (vectors of at most 8 lanes: 256-bit on AVX-512):
 //   1. dots d_j = Σ_e q_i[e]·k_j[e], lanes along E; four keys' sums at once (QuadSums on x86);
 //   2. scores in the log2 domain, s_j = (scale·d_j + slope_h·(j − i'))·log2 e with the ALiBi
 //      term only with slopes, -inf for a key outside the row's visible keys (causal, window,
@@ -12,6 +13,9 @@
 //      sink_h·log2 e), p_j = 2^(s_j − m), l = Σ_j p_j (+ 2^(sink − m) with a sink);
 //   3. o_i = (Σ_j p_j·v_j) / l over the visible keys, V rows read as vectors along Ev,
 //      lse_i = m·ln 2 + ln l.
+// With Lk <= 4 on 8 lanes (AVX2, AVX-512), step 2 runs two rows per vector (one per 128-bit
+// block), with the same operations per lane and per row, so the same results.
+// E = Ev of 1, 2, 4, 8 or 16 whole vectors run loops of known length (the same operations).
 // A row with no visible key (and no sink) gets the listing's answer (partial_softmax.hpp):
 // the average of V's rows and lse = -1e9 + ln Lk, or zeros and -inf with
 // zero_fully_masked_rows (the forward's WriteFullyExcludedRow without weights and dropout).
@@ -42,9 +46,61 @@ namespace attend::detail {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// The kernel's vectors: the target's own, but 8 lanes (256 bits) on AVX-512, where a row's
+// few keys would fill a quarter of a 16-lane vector and the reductions across its four blocks
+// cost more than they save. SD/SV/kShortLanes stand for DF/VF/kLanes below.
+#undef ATTEND_SHORT_256
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+#define ATTEND_SHORT_256 1
+using SD = hn::FixedTag<float, 8>;
+#else
+#define ATTEND_SHORT_256 0
+using SD = DF;
+#endif
+using SV = hn::Vec<SD>;
+constexpr int64_t kShortLanes = static_cast<int64_t>(hn::MaxLanes(SD()));
+
+// Two rows per vector for Lk <= 4 (ShortKeysItem): 256-bit vectors of two 4-lane blocks.
+#undef ATTEND_SHORT_PAIRS
+#if ATTEND_SHORT_256 || (HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2)
+#define ATTEND_SHORT_PAIRS 1
+#else
+#define ATTEND_SHORT_PAIRS 0
+#endif
+
+#if ATTEND_SHORT_256
+// QuadSums (kernel_common-inl.h) on 256-bit vectors: [Σ acc0, Σ acc1, Σ acc2, Σ acc3] in
+// lanes 0..3 of both 128-bit blocks, the same steps as the AVX2 target's.
+HWY_INLINE SV ShortQuadSums(SV acc0, SV acc1, SV acc2, SV acc3) {
+  const SD d;
+  const SV ab = hn::Add(hn::InterleaveLower(d, acc0, acc1), hn::InterleaveUpper(d, acc0, acc1));
+  const SV cd = hn::Add(hn::InterleaveLower(d, acc2, acc3), hn::InterleaveUpper(d, acc2, acc3));
+  const hn::Repartition<double, SD> d64;
+  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
+  const SV quad = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, cd64)),
+                          hn::BitCast(d, hn::InterleaveUpper(d64, ab64, cd64)));
+  return hn::Add(quad, SV{_mm256_permute2f128_ps(quad.raw, quad.raw, 1)});
+}
+
+// Exp2 (kernel_common-inl.h, AVX-512 form) on 256-bit vectors: the same instructions per lane
+// (vreduceps, vscalefps with AVX512VL), so the same results.
+HWY_INLINE SV ShortExp2(SD d, SV x) {
+  const SV f{_mm256_reduce_ps(x.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  return SV{_mm256_scalef_ps(Exp2Fraction(d, f).raw, hn::Sub(x, f).raw)};
+}
+#else
+#if ATTEND_QUAD_SUMS
+HWY_INLINE SV ShortQuadSums(SV acc0, SV acc1, SV acc2, SV acc3) {
+  return QuadSums(acc0, acc1, acc2, acc3);
+}
+#endif
+HWY_INLINE SV ShortExp2(SD d, SV x) { return Exp2(d, x); }
+#endif
+
 // A row's scores: kMaxShortKeys rounded up to whole vectors, and one vector more, which
 // QuadSums' whole-vector stores of the last four keys may reach.
-constexpr int64_t kShortScores = (kMaxShortKeys + kLanes - 1) / kLanes * kLanes + kLanes;
+constexpr int64_t kShortScores =
+    (kMaxShortKeys + kShortLanes - 1) / kShortLanes * kShortLanes + kShortLanes;
 
 // The work items need no buffers (ParallelItems' workspace).
 struct NoWorkspace {
@@ -53,11 +109,14 @@ struct NoWorkspace {
 };
 
 // dots[j] = Σ_e q[e]·key[j·stride + e] for j < Lk (dots[Lk, ⌈Lk/4⌉·4 + lanes) may be written).
+// E = NE·lanes when NE > 0 (loops of known length, unrolled), any E when NE is 0; the sums
+// are the same either way.
+template <int NE>
 HWY_INLINE void ShortDots(const SdpaParams& p, const float* HWY_RESTRICT q,
                           const float* HWY_RESTRICT key, int64_t stride, float* HWY_RESTRICT dots) {
-  const DF d;
-  const int64_t e_len = p.head_dim, lk = p.key_len;
-  const int64_t vector_end = e_len / kLanes * kLanes;
+  const SD d;
+  const int64_t e_len = NE > 0 ? NE * kShortLanes : p.head_dim, lk = p.key_len;
+  const int64_t vector_end = e_len / kShortLanes * kShortLanes;
 #if ATTEND_QUAD_SUMS
   if (vector_end == e_len) {
     for (int64_t j = 0; j < lk; j += 4) {
@@ -66,23 +125,23 @@ HWY_INLINE void ShortDots(const SdpaParams& p, const float* HWY_RESTRICT q,
       const float* k1 = key + std::min(j + 1, lk - 1) * stride;
       const float* k2 = key + std::min(j + 2, lk - 1) * stride;
       const float* k3 = key + std::min(j + 3, lk - 1) * stride;
-      VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-      for (int64_t e = 0; e < e_len; e += kLanes) {
-        const VF qv = hn::LoadU(d, q + e);
+      SV a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+      for (int64_t e = 0; e < e_len; e += kShortLanes) {
+        const SV qv = hn::LoadU(d, q + e);
         a0 = hn::MulAdd(qv, hn::LoadU(d, k0 + e), a0);
         a1 = hn::MulAdd(qv, hn::LoadU(d, k1 + e), a1);
         a2 = hn::MulAdd(qv, hn::LoadU(d, k2 + e), a2);
         a3 = hn::MulAdd(qv, hn::LoadU(d, k3 + e), a3);
       }
-      hn::StoreU(QuadSums(a0, a1, a2, a3), d, dots + j);
+      hn::StoreU(ShortQuadSums(a0, a1, a2, a3), d, dots + j);
     }
     return;
   }
 #endif
   for (int64_t j = 0; j < lk; ++j) {
     const float* k = key + j * stride;
-    VF acc = hn::Zero(d);
-    for (int64_t e = 0; e < vector_end; e += kLanes) {
+    SV acc = hn::Zero(d);
+    for (int64_t e = 0; e < vector_end; e += kShortLanes) {
       acc = hn::MulAdd(hn::LoadU(d, q + e), hn::LoadU(d, k + e), acc);
     }
     float dot = hn::GetLane(hn::SumOfLanes(d, acc));
@@ -90,6 +149,30 @@ HWY_INLINE void ShortDots(const SdpaParams& p, const float* HWY_RESTRICT q,
     dots[j] = dot;
   }
 }
+
+#if ATTEND_SHORT_PAIRS
+// The first four keys' dot products (Lk <= 4; keys past Lk repeat the last one) as QuadSums
+// gives them: lanes 0..3 of both blocks; E = N·lanes when N > 0.
+template <int N>
+HWY_INLINE SV ShortQuadDots(const SdpaParams& p, const float* HWY_RESTRICT q,
+                            const float* HWY_RESTRICT key, int64_t stride) {
+  const SD d;
+  const int64_t e_len = N > 0 ? N * kShortLanes : p.head_dim, last = p.key_len - 1;
+  const float* k0 = key;
+  const float* k1 = key + std::min<int64_t>(1, last) * stride;
+  const float* k2 = key + std::min<int64_t>(2, last) * stride;
+  const float* k3 = key + std::min<int64_t>(3, last) * stride;
+  SV a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  for (int64_t e = 0; e < e_len; e += kShortLanes) {
+    const SV qv = hn::LoadU(d, q + e);
+    a0 = hn::MulAdd(qv, hn::LoadU(d, k0 + e), a0);
+    a1 = hn::MulAdd(qv, hn::LoadU(d, k1 + e), a1);
+    a2 = hn::MulAdd(qv, hn::LoadU(d, k2 + e), a2);
+    a3 = hn::MulAdd(qv, hn::LoadU(d, k3 + e), a3);
+  }
+  return ShortQuadSums(a0, a1, a2, a3);
+}
+#endif
 
 // Batch index b's operands.
 struct ShortTile {
@@ -120,24 +203,53 @@ void WriteExcludedRow(const SdpaParams& p, const ShortTile& tile, int64_t i) {
 
 // What the positional rules leave of each row: the same for every batch index, found once
 // per call. Row i's visible keys [begin_i, end_i) and, per key slot j < kShortPad, all-ones
-// bits where key j < Lk is visible to row i (keep), and j − i' with ALiBi (distance); the
-// slots up to Lk rounded up to whole vectors are set.
-constexpr int64_t kShortPad = (kMaxShortKeys + kLanes - 1) / kLanes * kLanes;
+// bits where key j < Lk is visible to row i (keep, row i at keep + i·keep_row: one row shared
+// by all when no positional rule applies), and j − i' with ALiBi (distance); the slots up to
+// Lk rounded up to whole vectors are set.
+constexpr int64_t kShortPad = (kMaxShortKeys + kShortLanes - 1) / kShortLanes * kShortLanes;
+//
+// With pairs (Lk <= 4 and E whole vectors on 8 lanes), the same per pair of rows 2t, 2t + 1
+// instead, as one vector: slots 4h + j (j < 4) for row 2t + h (h = 1 past Lq: not kept).
 struct ShortRows {
   int64_t begin[kMaxShortQueries];
   int64_t end[kMaxShortQueries];
+  int64_t keep_row;
+  bool pairs;
   HWY_ALIGN float keep[kMaxShortQueries * kShortPad];
   HWY_ALIGN float distance[kMaxShortQueries * kShortPad];
 
   explicit ShortRows(const SdpaParams& p) {
     const float all_ones = std::bit_cast<float>(~uint32_t{0});
-    const int64_t padded = (p.key_len + kLanes - 1) / kLanes * kLanes;  // the slots read
+    const int64_t padded = (p.key_len + kShortLanes - 1) / kShortLanes * kShortLanes;
+    const bool same_rows = !has_positional_rules(p);
+    pairs = ATTEND_SHORT_PAIRS && p.key_len <= 4 && p.head_dim % kShortLanes == 0;
+    if (pairs) {
+      keep_row = kShortLanes;  // per pair
+      const int64_t rows = (p.query_len + 1) / 2 * 2;
+      for (int64_t i = 0; i < rows; ++i) {
+        const VisibleKeys keys = visible_keys(p, std::min(i, p.query_len - 1));
+        if (i < p.query_len) {
+          begin[i] = keys.begin();
+          end[i] = keys.end();
+        }
+        float* keep_i = keep + i * 4;
+        float* distance_i = distance + i * 4;
+        for (int64_t j = 0; j < 4; ++j) {
+          keep_i[j] = i < p.query_len && j < p.key_len && keys.contains(j) ? all_ones : 0.0f;
+          distance_i[j] = static_cast<float>(j - (i + p.diagonal_offset));
+        }
+      }
+      return;
+    }
+    keep_row = same_rows ? 0 : kShortPad;
     for (int64_t i = 0; i < p.query_len; ++i) {
       const VisibleKeys keys = visible_keys(p, i);
       begin[i] = keys.begin();
       end[i] = keys.end();
-      for (int64_t j = 0; j < padded; ++j) {
-        keep[i * kShortPad + j] = j < p.key_len && keys.contains(j) ? all_ones : 0.0f;
+      if (i == 0 || !same_rows) {
+        for (int64_t j = 0; j < padded; ++j) {
+          keep[i * keep_row + j] = j < p.key_len && keys.contains(j) ? all_ones : 0.0f;
+        }
       }
       if (p.alibi_slopes == nullptr) continue;
       for (int64_t j = 0; j < padded; ++j) {
@@ -153,21 +265,25 @@ template <int NV>
 HWY_INLINE void WeightedValues(const float* HWY_RESTRICT w, const float* HWY_RESTRICT v,
                                int64_t v_stride, int64_t begin, int64_t end, float inv_sum,
                                float* HWY_RESTRICT o) {
-  const DF d;
-  VF acc[NV];
+  const SD d;
+  SV acc[NV];
   for (int c = 0; c < NV; ++c) acc[c] = hn::Zero(d);
   for (int64_t j = begin; j < end; ++j) {
-    const VF weight = hn::Set(d, w[j]);
+    const SV weight = hn::Set(d, w[j]);
     const float* row = v + j * v_stride;
-    for (int c = 0; c < NV; ++c) acc[c] = hn::MulAdd(weight, hn::LoadU(d, row + c * kLanes), acc[c]);
+    for (int c = 0; c < NV; ++c) {
+      acc[c] = hn::MulAdd(weight, hn::LoadU(d, row + c * kShortLanes), acc[c]);
+    }
   }
-  const VF factor = hn::Set(d, inv_sum);
-  for (int c = 0; c < NV; ++c) hn::StoreU(hn::Mul(acc[c], factor), d, o + c * kLanes);
+  const SV factor = hn::Set(d, inv_sum);
+  for (int c = 0; c < NV; ++c) hn::StoreU(hn::Mul(acc[c], factor), d, o + c * kShortLanes);
 }
 
-// Rows [0, Lq) of batch index b.
+// Rows [0, Lq) of batch index b. E = Ev = N·lanes when N > 0 (loops of known length), any E
+// and Ev when N is 0: the same operations in the same order either way.
+template <int N>
 void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
-  const DF d;
+  const SD d;
   const SdpaParams::BatchCoordinates at = p.batch_coordinates(b);
   const ShortTile tile{p.query + at.offset(p.query_strides),
                        p.key + at.offset(p.key_strides),
@@ -176,30 +292,80 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
                        p.logsumexp ? p.logsumexp + at.offset(p.logsumexp_strides) : nullptr,
                        p.key_strides.row,
                        p.value_strides.row};
-  const int64_t lk = p.key_len, ev = p.value_dim;
-  const int64_t padded = (lk + kLanes - 1) / kLanes * kLanes;
+  const int64_t lk = p.key_len, ev = N > 0 ? N * kShortLanes : p.value_dim;
+  const int64_t padded = (lk + kShortLanes - 1) / kShortLanes * kShortLanes;
   const int64_t head = head_of(p, b);
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   const float sink = p.sinks ? p.sinks[head] * kLog2e : kMinusInf;
   const bool fix_rows = fixes_fully_excluded_rows(p);
-  const VF minus_inf = hn::Set(d, kMinusInf);
+  const SV minus_inf = hn::Set(d, kMinusInf);
   // Natural-domain scores scale·d (+ slope·(j − i')), then ·log2 e.
-  const VF scale = hn::Set(d, p.scale);
-  const VF slope = hn::Set(d, p.alibi_slopes ? p.alibi_slopes[head] : 0.0f);
-  const VF log2e = hn::Set(d, kLog2e);
-  // Every row's softmax first (rows' weights: probs[i·kShortScores + j], 1/l: inv_sums[i];
-  // 0 for a row written as fully excluded), then every row's P·V: the rows' dependency
-  // chains (dots, maximum, 2^x, sum, divide) overlap instead of each P·V waiting on its own.
+  const SV scale = hn::Set(d, p.scale);
+  const SV slope = hn::Set(d, p.alibi_slopes ? p.alibi_slopes[head] : 0.0f);
+  const SV log2e = hn::Set(d, kLog2e);
+  // Every row's softmax first (row i's weights: weights[i][j], 1/l: inv_sums[i]; 0 for a row
+  // written as fully excluded), then every row's P·V: the rows' dependency chains (dots,
+  // maximum, 2^x, sum, divide) overlap instead of each P·V waiting on its own.
   HWY_ALIGN float probs[kMaxShortQueries * kShortScores];
+  const float* weights[kMaxShortQueries];
   float inv_sums[kMaxShortQueries];
+  // Row i's end of the softmax from its maximum (with the sink) and m (0 for -inf).
+  const auto finish_row = [&](int64_t i, float row_max, float m, float sum) {
+    if (p.sinks) sum += std::exp2(sink - m);
+    inv_sums[i] = 0.0f;
+    if (rows.begin[i] >= rows.end[i] && fix_rows) {
+      WriteExcludedRow(p, tile, i);
+      return;
+    }
+    if (tile.logsumexp) tile.logsumexp[i * p.logsumexp_strides.row] = logsumexp_of_part(row_max, sum);
+    inv_sums[i] = 1.0f / sum;
+  };
+#if ATTEND_SHORT_PAIRS
+  if (rows.pairs) {
+    // Rows 2t (lanes 0..3) and 2t + 1 (lanes 4..7) in one vector, keys along each block:
+    // per lane the operations of the row-at-a-time loop below, and per block the maximum and
+    // SumOfLanes' sum in its order (lanes past Lk hold 2^-inf = 0 there), so the same bits.
+    const SV sink_v = hn::Set(d, sink);
+    const SV zero = hn::Zero(d);
+    for (int64_t i = 0; i < p.query_len; i += 2) {
+      const int64_t i1 = std::min(i + 1, p.query_len - 1);
+      float* s = probs + i * kShortLanes / 2;
+      weights[i] = s;
+      if (i + 1 < p.query_len) weights[i + 1] = s + 4;
+      const SV dots0 = ShortQuadDots<N>(p, tile.query + i * p.query_strides.row, tile.key,
+                                         tile.key_stride);
+      const SV dots1 = ShortQuadDots<N>(p, tile.query + i1 * p.query_strides.row, tile.key,
+                                         tile.key_stride);
+      SV x = hn::Mul(hn::ConcatUpperLower(d, dots1, dots0), scale);
+      if (p.alibi_slopes) x = hn::MulAdd(slope, hn::Load(d, rows.distance + i * 4), x);
+      x = hn::IfThenElse(hn::MaskFromVec(hn::Load(d, rows.keep + i * 4)), hn::Mul(x, log2e),
+                         minus_inf);
+      SV max_v = hn::Max(x, hn::Shuffle1032(x));
+      max_v = hn::Max(hn::Shuffle0321(max_v), max_v);
+      const SV row_max = hn::Max(max_v, sink_v);
+      const SV m_v = hn::IfThenElse(hn::Eq(row_max, minus_inf), zero, row_max);
+      const SV prob = ShortExp2(d, hn::Sub(x, m_v));
+      hn::Store(prob, d, s);
+      SV sum_v = hn::Add(prob, hn::Shuffle1032(prob));
+      sum_v = hn::Add(hn::Shuffle0321(sum_v), sum_v);
+      const hn::Half<SD> dh;
+      finish_row(i, hn::GetLane(row_max), hn::GetLane(m_v), hn::GetLane(sum_v));
+      if (i + 1 < p.query_len) {
+        finish_row(i + 1, hn::GetLane(hn::UpperHalf(dh, row_max)),
+                   hn::GetLane(hn::UpperHalf(dh, m_v)), hn::GetLane(hn::UpperHalf(dh, sum_v)));
+      }
+    }
+  } else  // NOLINT(readability/braces): the rows one at a time below
+#endif
   for (int64_t i = 0; i < p.query_len; ++i) {
     float* s = probs + i * kShortScores;
-    ShortDots(p, tile.query + i * p.query_strides.row, tile.key, tile.key_stride, s);
-    const float* keep = rows.keep + i * kShortPad;
+    weights[i] = s;
+    ShortDots<N>(p, tile.query + i * p.query_strides.row, tile.key, tile.key_stride, s);
+    const float* keep = rows.keep + i * rows.keep_row;
     const float* distance = rows.distance + i * kShortPad;
-    VF max_v = minus_inf;
-    for (int64_t j = 0; j < padded; j += kLanes) {
-      VF x = hn::Mul(hn::Load(d, s + j), scale);
+    SV max_v = minus_inf;
+    for (int64_t j = 0; j < padded; j += kShortLanes) {
+      SV x = hn::Mul(hn::Load(d, s + j), scale);
       if (p.alibi_slopes) x = hn::MulAdd(slope, hn::Load(d, distance + j), x);
       x = hn::IfThenElse(hn::MaskFromVec(hn::Load(d, keep + j)), hn::Mul(x, log2e), minus_inf);
       hn::Store(x, d, s + j);
@@ -208,22 +374,14 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
     const float row_max = std::max(hn::GetLane(hn::MaxOfLanes(d, max_v)), sink);
     // m = 0 when every score is -inf (then every p_j is 0).
     const float m = row_max == kMinusInf ? 0.0f : row_max;
-    const VF m_v = hn::Set(d, m);
-    VF sum_v = hn::Zero(d);
-    for (int64_t j = 0; j < padded; j += kLanes) {
-      const VF prob = Exp2(d, hn::Sub(hn::Load(d, s + j), m_v));
+    const SV m_v = hn::Set(d, m);
+    SV sum_v = hn::Zero(d);
+    for (int64_t j = 0; j < padded; j += kShortLanes) {
+      const SV prob = ShortExp2(d, hn::Sub(hn::Load(d, s + j), m_v));
       hn::Store(prob, d, s + j);
       sum_v = hn::Add(sum_v, prob);
     }
-    float sum = hn::GetLane(hn::SumOfLanes(d, sum_v));
-    if (p.sinks) sum += std::exp2(sink - m);
-    inv_sums[i] = 0.0f;
-    if (rows.begin[i] >= rows.end[i] && fix_rows) {
-      WriteExcludedRow(p, tile, i);
-      continue;
-    }
-    if (tile.logsumexp) tile.logsumexp[i * p.logsumexp_strides.row] = logsumexp_of_part(row_max, sum);
-    inv_sums[i] = 1.0f / sum;
+    finish_row(i, row_max, m, hn::GetLane(hn::SumOfLanes(d, sum_v)));
   }
   // P·V over each row's visible keys [begin, end) (keys hidden inside it have p_j = 0), four
   // vectors of output columns at a time.
@@ -232,18 +390,18 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
   for (int64_t i = 0; i < p.query_len; ++i) {
     const int64_t begin = rows.begin[i], end = rows.end[i];
     if (begin >= end && fix_rows) continue;
-    const float* s = probs + i * kShortScores;
+    const float* s = weights[i];
     const float inv_sum = inv_sums[i];
     float* o = tile.output + i * p.output_strides.row;
     int64_t c = 0;
-    for (; c + 4 * kLanes <= ev; c += 4 * kLanes) {
+    for (; c + 4 * kShortLanes <= ev; c += 4 * kShortLanes) {
       WeightedValues<4>(s, v + c, v_stride, begin, end, inv_sum, o + c);
     }
-    const int64_t vectors = (ev - c) / kLanes;
+    const int64_t vectors = (ev - c) / kShortLanes;
     if (vectors == 3) WeightedValues<3>(s, v + c, v_stride, begin, end, inv_sum, o + c);
     if (vectors == 2) WeightedValues<2>(s, v + c, v_stride, begin, end, inv_sum, o + c);
     if (vectors == 1) WeightedValues<1>(s, v + c, v_stride, begin, end, inv_sum, o + c);
-    for (c += vectors * kLanes; c < ev; ++c) {
+    for (c += vectors * kShortLanes; c < ev; ++c) {
       float acc = 0.0f;
       for (int64_t j = begin; j < end; ++j) acc += s[j] * v[j * v_stride + c];
       o[c] = acc * inv_sum;
@@ -251,7 +409,13 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
   }
 }
 
-int64_t ShortKeysLanes() { return kLanes; }
+int64_t ShortKeysLanes() { return kShortLanes; }
+
+template <int N>
+void RunShortKeys(const SdpaParams& p, const ShortRows& rows, double multiply_adds) {
+  ParallelItems<NoWorkspace>(p, multiply_adds, p.batch,
+                             [&](NoWorkspace&, int64_t b) { ShortKeysItem<N>(p, rows, b); });
+}
 
 void FusedShortKeys(const SdpaParams& p) {
   if (p.query_len == 0) return;
@@ -259,8 +423,19 @@ void FusedShortKeys(const SdpaParams& p) {
   const double multiply_adds = static_cast<double>(p.batch) * static_cast<double>(p.query_len) *
                                static_cast<double>(p.key_len) *
                                static_cast<double>(p.head_dim + p.value_dim);
-  ParallelItems<NoWorkspace>(p, multiply_adds, p.batch,
-                             [&](NoWorkspace&, int64_t b) { ShortKeysItem(p, rows, b); });
+  // E = Ev of 1, 2, 4, 8 or 16 whole vectors (the common head sizes) run loops of known length.
+  const int64_t vectors = p.head_dim / kShortLanes;
+  if (p.head_dim == p.value_dim && p.head_dim == vectors * kShortLanes) {
+    switch (vectors) {
+      case 1: return RunShortKeys<1>(p, rows, multiply_adds);
+      case 2: return RunShortKeys<2>(p, rows, multiply_adds);
+      case 4: return RunShortKeys<4>(p, rows, multiply_adds);
+      case 8: return RunShortKeys<8>(p, rows, multiply_adds);
+      case 16: return RunShortKeys<16>(p, rows, multiply_adds);
+      default: break;
+    }
+  }
+  RunShortKeys<0>(p, rows, multiply_adds);
 }
 
 }  // namespace HWY_NAMESPACE
