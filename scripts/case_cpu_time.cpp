@@ -10,28 +10,34 @@
 //     /usr/lib/x86_64-linux-gnu/libhwy.so.1.0.3 /usr/lib/gcc/x86_64-linux-gnu/12/libgomp.so \
 //     -lpthread -o case_cpu_time
 // Use: case_cpu_time decode,decode-int8 [calls=20] [rounds=5]
-#include <attend/attend.hpp>
-#include "bench/cases.hpp"
 #include <algorithm>
+#include <attend/attend.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "bench/cases.hpp"
 using namespace attend;
 using namespace attend::bench;
 static double cpu_ms() {
-  timespec t; clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
   return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 int main(int argc, char** argv) {
   std::string names = argv[1];
   int calls = argc > 2 ? atoi(argv[2]) : 20, rounds = argc > 3 ? atoi(argv[3]) : 5;
-  std::stringstream ss(names); std::string name;
+  std::stringstream ss(names);
+  std::string name;
   while (std::getline(ss, name, ',')) {
     const BenchCase* c = find_bench_case(name);
-    if (!c) { fprintf(stderr, "no case %s\n", name.c_str()); return 1; }
+    if (!c) {
+      fprintf(stderr, "no case %s\n", name.c_str());
+      return 1;
+    }
     std::function<void()> f;
     CaseTensors t;
     if (c->workload != Workload::kAttention) {
@@ -48,7 +54,8 @@ int main(int argc, char** argv) {
       per.push_back((cpu_ms() - t0) / calls);
     }
     std::sort(per.begin(), per.end());
-    printf("%s %.3f ms (min %.3f max %.3f)\n", name.c_str(), per[per.size() / 2], per.front(), per.back());
+    printf("%s %.3f ms (min %.3f max %.3f)\n", name.c_str(), per[per.size() / 2], per.front(),
+           per.back());
     fflush(stdout);
   }
 }
