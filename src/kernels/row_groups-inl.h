@@ -177,6 +177,22 @@ constexpr int64_t kPrefetchKeys = 16;
 // 64 keys of 128 float32 elements: 32 KiB ahead.
 constexpr int64_t kStreamAheadKeys = 64;
 
+// Bytes ahead at which a group whose rows read their own K (QuadScores with kShared false: G
+// heads, G streams) prefetches every K row, through the slots (a block table's jumps are
+// prefetched like the rows within a block), and at which a row reading its own V
+// (AccumulateRowsBlock with G = 1) prefetches every V row. The widened formats spend 2–3
+// instructions per vector, so the reorder window holds too few of the next lines' loads to
+// keep enough misses in flight, and the hardware prefetcher restarts at every block of a
+// paged cache. 8 KiB for a group's K: 16 keys of 4 int8 heads at E = 128, 4 keys of 4
+// float32 heads; 4 KiB for one V: 32 int8 rows of 128, 8 float32 rows.
+constexpr int64_t kOwnKeysAheadBytes = 8192;
+constexpr int64_t kOwnValuesAheadBytes = 4096;
+
+// Keys ahead that put `bytes_ahead` bytes of rows of `row_bytes` each in flight (at least 1).
+constexpr int64_t KeysAhead(int64_t bytes_ahead, int64_t row_bytes) {
+  return row_bytes <= 0 ? 1 : std::max<int64_t>((bytes_ahead + row_bytes - 1) / row_bytes, 1);
+}
+
 // Prefetches the first `bytes` of key j's row (base + slot[j]·stride) when j < end.
 template <DType K>
 HWY_INLINE void PrefetchRow(KvPtr<K> base, const int64_t* slot, int64_t j, int64_t end,
@@ -312,9 +328,11 @@ HWY_INLINE void Dot4(const float* HWY_RESTRICT a, KvPtr<K> b0, KvPtr<K> b1, KvPt
 // lanes past key_end are left unset in the last vector (the caller pads them). kShared: the rows
 // share one K (key[0]), each of whose vectors is then loaded once for the G rows; else each row
 // reads its own K (rows of different heads: G streams from memory, where one would leave the core's
-// memory parallelism unused). kPaged: the slots jump between blocks (a block table), whose
-// starts are prefetched ahead (a template argument, so that contiguous K pays nothing).
-// Prefetches reach up to prefetch_end (≥ key_end: the slots valid from `slot`; 0: none).
+// memory parallelism unused), each of whose rows is prefetched kOwnKeysAheadBytes ahead for
+// the group. kPaged: the slots jump between blocks (a block table); the rows shared by the
+// group are prefetched at each block's start (a template argument, so that contiguous K pays
+// nothing). Prefetches reach up to prefetch_end (≥ key_end: the slots valid from `slot`; 0:
+// none).
 template <int G, bool kShared, bool kPaged, DType K>
 HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const int64_t* slot,
                            int64_t key_stride, int64_t head_dim, int64_t key_end, float* scores,
@@ -324,6 +342,8 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
   const auto lanes = hn::Iota(di, 0);
   VF pending[G];
   for (int r = 0; r < G; ++r) pending[r] = hn::Zero(d);
+  const int64_t row_bytes = head_dim * kv_bytes<K>();
+  const int64_t ahead = KeysAhead(kOwnKeysAheadBytes, G * row_bytes);
   int64_t j = 0;
   for (; j + 4 <= key_end; j += 4) {
     VF acc[G][4];
@@ -332,12 +352,17 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
     }
     int64_t row[4];
     for (int c = 0; c < 4; ++c) row[c] = slot[j + c] * key_stride;
-    if (kPaged && RunStartsIn4(slot, j + kPrefetchKeys, prefetch_end)) {
+    if constexpr (!kShared) {
       for (int c = 0; c < 4; ++c) {
-        for (int r = 0; r < (kShared ? 1 : G); ++r) {
-          PrefetchRunStart<K>(key[r], slot, j + kPrefetchKeys + c, prefetch_end, key_stride,
-                              head_dim);
+        for (int r = 0; r < G; ++r) {
+          PrefetchRow<K>(key[r], slot, j + ahead + c, prefetch_end, key_stride, row_bytes);
         }
+      }
+    }
+    if (kPaged && kShared && RunStartsIn4(slot, j + kPrefetchKeys, prefetch_end)) {
+      for (int c = 0; c < 4; ++c) {
+        PrefetchRunStart<K>(key[0], slot, j + kPrefetchKeys + c, prefetch_end, key_stride,
+                            head_dim);
       }
     }
     if constexpr (kShared) {
@@ -449,9 +474,9 @@ constexpr int ColumnBlock() {
 // and the N vector columns from c0, starting from zero when `first`; when `last`, stores
 // out_r·factor_r into dest_r instead of out_r. V is read in key order, each byte once per
 // column block; per column the sum runs in key order whatever N is (the same bits for any
-// block width). With G > 1 (one stream for the core) the first block prefetches whole rows
-// (`columns`) kStreamAheadKeys ahead, up to slot_end (the slots valid from `slot`). kPaged:
-// as in QuadScores.
+// block width). The first block prefetches whole rows (`columns`) up to slot_end (the slots
+// valid from `slot`): kOwnValuesAheadBytes ahead with G = 1 (a row reading its own V), else
+// (one stream for the core) kStreamAheadKeys ahead. kPaged, G > 1: as in QuadScores.
 template <int G, int N, DType K, bool kPaged>
 HWY_INLINE void AccumulateRowsBlock(const float* const* prob, KvPtr<K> value, const int64_t* slot,
                                     int64_t value_stride, int64_t keys, int64_t slot_end,
@@ -464,16 +489,15 @@ HWY_INLINE void AccumulateRowsBlock(const float* const* prob, KvPtr<K> value, co
       acc[r][n] = first ? hn::Zero(d) : hn::Load(d, out[r] + c0 + n * kLanes);
     }
   }
+  const int64_t row_bytes = columns * kv_bytes<K>();
+  const int64_t ahead = G > 1 ? kStreamAheadKeys : KeysAhead(kOwnValuesAheadBytes, row_bytes);
   for (int64_t j = 0; j < keys; ++j) {
-    if (kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
+    if (G > 1 && kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
       for (int64_t k = j; k < j + 4; ++k) {
         PrefetchRunStart<K>(value + c0, slot, k + kPrefetchKeys, keys, value_stride, N * kLanes);
       }
     }
-    if (G > 1 && c0 == 0) {
-      PrefetchRow<K>(value, slot, j + kStreamAheadKeys, slot_end, value_stride,
-                     columns * kv_bytes<K>());
-    }
+    if (c0 == 0) PrefetchRow<K>(value, slot, j + ahead, slot_end, value_stride, row_bytes);
     const KvPtr<K> v = value + slot[j] * value_stride + c0;
     VF vn[N];
     for (int n = 0; n < N; ++n) vn[n] = LoadKV<K>(d, v + n * kLanes);
