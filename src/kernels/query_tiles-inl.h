@@ -612,19 +612,24 @@ class TileAttention {
   // FOLDED: score_t holds the unscaled products t, s = t·scale (scale > 0, score_factor_):
   // max_j s_j = (max_j t_j)·scale exactly (rounding is monotonic), and the exponent's
   // argument s − m' = t·scale − m' is one FMA (rounded once instead of twice).
-  // Without FOLDED the argument s − m' is an FMA s·1 − m' (the same rounding as a subtract):
-  // on CPUs whose add and max ports are also those of vreduceps and vscalefps (AMD Zen 4 and
-  // 5), the FMA ports take it.
-  // Without SUMS the loop has no sum chains: on AMD Zen 5 its speed is set by how many
-  // exponentials' dependency chains the scheduler holds at once, so each operation less per
-  // score vector lets more of them overlap.
+  // Without FOLDED the argument s − m' is an FMA s·1 − m' where the target has FMAs (the same
+  // rounding as a subtract): on AMD Zen 5 the add ports also run vreduceps and vscalefps (two
+  // slots each), the FMA ports only the polynomial. Without SUMS the loop has no sum chains:
+  // there its speed is set by how many exponentials' dependency chains the scheduler holds
+  // at once, so each operation less per score vector lets more of them overlap.
   template <bool FOLDED, bool SUMS>
   void SoftmaxStepOf(int64_t keys, bool max_known, float* tile_max_out) {
     const DF d;
     float* score_t = ws_.score_t.get();
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
     const VF factor = hn::Set(d, FOLDED ? score_factor_ : 1.0f);
-    const auto argument = [&](VF t, VF m) { return hn::MulSub(t, factor, m); };
+    const auto argument = [&](VF t, VF m) {
+      if constexpr (FOLDED || HWY_NATIVE_FMA) {
+        return hn::MulSub(t, factor, m);
+      } else {
+        return hn::Sub(t, m);
+      }
+    };
     for (int r = 0; r < QV; ++r) {
       float* column = score_t + r * kLanes;
       VF tile_max = neg_inf;
