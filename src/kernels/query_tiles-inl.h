@@ -137,6 +137,7 @@ struct Workspace {
   hwy::AlignedFreeUniquePtr<float[]> row_max;    // [Tq]      running max m (log2 domain)
   hwy::AlignedFreeUniquePtr<float[]> row_sum;    // [Tq]      running sum l
   hwy::AlignedFreeUniquePtr<float[]> alpha;      // [Tq]      rescale factor of this key tile
+  hwy::AlignedFreeUniquePtr<float[]> score_max;  // [Tq]      max of this key tile's scores
   hwy::AlignedFreeUniquePtr<uint8_t[]> visible;  // [Tq]      some key not excluded so far
   hwy::AlignedFreeUniquePtr<float[]> tile_max;   // [Lk/Tk][Tq] reference point per key tile
   hwy::AlignedFreeUniquePtr<int64_t[]> visited;  // [Lk/Tk]    first key of each visited tile
@@ -159,6 +160,7 @@ struct Workspace {
     row_max = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     row_sum = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     alpha = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
+    score_max = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     visible = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(tq));
     const int64_t key_tiles = (p.key_len + kKeyTile - 1) / kKeyTile;
     tile_max = hwy::AllocateAligned<float>(static_cast<size_t>((p.weights ? key_tiles : 1) * tq));
@@ -180,16 +182,20 @@ struct Workspace {
   }
   bool operands_ok = true;
   bool ok() const {
-    return query_t && score_t && out_t && row_max && row_sum && alpha && visible && tile_max &&
+    return query_t && score_t && out_t && row_max && row_sum && alpha && score_max && visible &&
+           tile_max &&
            visited && row_rules.ok() && keep.ok() && operands_ok;
   }
 };
 
 // score_t[j][q] = Σ_e query_t[e][q]·K[k0 + j][e] for KEYS keys starting at key_row:
 // a KEYS × QV register block of accumulators, K entries broadcast from memory.
+// With score_max (not null; [QV·lanes]): score_max[q] = max(score_max[q], max_j score_t[j][q])
+// as well, from the accumulators (the max and add ports are idle beside the FMAs).
 template <int QV, int KEYS>
 HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT query_t, const float* key_row,
-                           int64_t key_stride, int64_t head_dim, float* HWY_RESTRICT score_t) {
+                           int64_t key_stride, int64_t head_dim, float* HWY_RESTRICT score_t,
+                           float* HWY_RESTRICT score_max) {
   const DF d;
   constexpr int64_t tq = QV * kLanes;
   VF acc[KEYS][QV];
@@ -207,14 +213,24 @@ HWY_INLINE void ScoreBlock(const float* HWY_RESTRICT query_t, const float* key_r
   for (int c = 0; c < KEYS; ++c) {
     for (int r = 0; r < QV; ++r) hn::Store(acc[c][r], d, score_t + c * tq + r * kLanes);
   }
+  if (score_max == nullptr) return;
+  for (int r = 0; r < QV; ++r) {
+    VF m = hn::Load(d, score_max + r * kLanes);
+    for (int c = 0; c < KEYS; ++c) m = hn::Max(m, acc[c][r]);
+    hn::Store(m, d, score_max + r * kLanes);
+  }
 }
 
 // out_t[ev][q] = alpha[q]·out_t[ev][q] + Σ_j score_t[j][q]·V[j][ev] for COLS value columns
 // and RQ query vectors (starting at vector r0): an RQ × COLS register block.
+// With row_sum (not null; [QV·lanes], RQ = QV): row_sum[q] = alpha[q]·row_sum[q] + Σ_j
+// score_t[j][q] as well, summed as SoftmaxStepOf sums (even and odd keys apart, then their
+// sum): on the add ports, idle beside the FMAs.
 template <int QV, int RQ, int COLS>
 HWY_INLINE void ValueBlock(const float* HWY_RESTRICT score_t, const float* value_column,
                            int64_t value_stride, int64_t keys, const float* HWY_RESTRICT alpha,
-                           int r0, float* HWY_RESTRICT out_t_column) {
+                           int r0, float* HWY_RESTRICT out_t_column,
+                           float* HWY_RESTRICT row_sum = nullptr) {
   const DF d;
   constexpr int64_t tq = QV * kLanes;
   VF acc[RQ][COLS];
@@ -224,13 +240,34 @@ HWY_INLINE void ValueBlock(const float* HWY_RESTRICT score_t, const float* value
       acc[r][c] = hn::Mul(a, hn::Load(d, out_t_column + c * tq + (r0 + r) * kLanes));
     }
   }
-  for (int64_t j = 0; j < keys; ++j) {
+  const auto key_step = [&](int64_t j, VF* sums) HWY_ATTR {
     VF prob[RQ];
     for (int r = 0; r < RQ; ++r) prob[r] = hn::Load(d, score_t + j * tq + (r0 + r) * kLanes);
     const float* v = value_column + j * value_stride;
     for (int c = 0; c < COLS; ++c) {
       const VF vb = hn::Set(d, v[c]);
       for (int r = 0; r < RQ; ++r) acc[r][c] = hn::MulAdd(prob[r], vb, acc[r][c]);
+    }
+    if (sums != nullptr) {
+      for (int r = 0; r < RQ; ++r) sums[r] = hn::Add(sums[r], prob[r]);
+    }
+  };
+  if (row_sum == nullptr) {
+    for (int64_t j = 0; j < keys; ++j) key_step(j, nullptr);
+  } else {
+    static_assert(RQ == QV, "the sums take whole tiles");
+    VF sum0[RQ], sum1[RQ];
+    for (int r = 0; r < RQ; ++r) sum0[r] = sum1[r] = hn::Zero(d);
+    int64_t j = 0;
+    for (; j + 2 <= keys; j += 2) {
+      key_step(j, sum0);
+      key_step(j + 1, sum1);
+    }
+    if (j < keys) key_step(j, sum0);
+    for (int r = 0; r < RQ; ++r) {
+      float* l = row_sum + r * kLanes;
+      const VF a = hn::Load(d, alpha + r * kLanes);
+      hn::Store(hn::MulAdd(a, hn::Load(d, l), hn::Add(sum0[r], sum1[r])), d, l);
     }
   }
   for (int r = 0; r < RQ; ++r) {
@@ -252,6 +289,12 @@ class TileAttention {
   // keys or columns (as many as FMA latency × ports): more would need a load per FMA.
   static constexpr int kScoreKeys = QV == 1 ? std::min(8, kAccumulators) : kAccumulators / QV;
   static constexpr int kValueColumns = kScoreKeys;
+  // Tiles of 4 vectors on 32-register targets: P·V's first kSumColumns value columns in a
+  // 4 × 4 block (16 accumulators) that also sums the probabilities (ValueBlock's row_sum:
+  // 8 more registers), unless dropout zeroes some of them before the product (the sum l is
+  // taken before dropout). At Ev = 32 the rest is 4 blocks of 6 and one of 4.
+  static constexpr bool kSumsInValues = !kPairs && QV == 4 && kAccumulators == 24;
+  static constexpr int kSumColumns = 4;
 
   TileAttention(const SdpaParams& p, Workspace& ws) : p_(p), ws_(ws) {}
 
@@ -284,6 +327,8 @@ class TileAttention {
     std::fill_n(ws_.visible.get(), kTq, uint8_t{0});
     std::fill_n(ws_.out_t.get(), p_.value_dim * kTq, 0.0f);
     const float keep_scale = 1.0f / (1.0f - p_.dropout);
+    // Whether AccumulateValues updates the sums l (else SoftmaxStep does).
+    const bool sums_in_values = kSumsInValues && p_.dropout == 0 && p_.value_dim >= kSumColumns;
 
     // One pass: online softmax with output accumulation. With weights, each key tile's
     // probabilities 2^(s − m_t) are written as they are and rescaled once the final m and
@@ -307,15 +352,16 @@ class TileAttention {
         if (tile.weights) ZeroWeights(tile, k0, k0 + keys);
         continue;
       }
-      ComputeScores(tile, k0, keys, verdict);
-      SoftmaxStep(keys, tile.weights ? ws_.tile_max.get() + visited * kTq : nullptr);
+      const bool max_known = ComputeScores(tile, k0, keys, verdict);
+      SoftmaxStep(keys, max_known, !sums_in_values,
+                  tile.weights ? ws_.tile_max.get() + visited * kTq : nullptr);
       if (p_.dropout > 0) ApplyDropout(tile, k0, keys);
       if (tile.weights) {
         ws_.visited[visited] = k0;
         WriteWeights(tile, k0, keys);
       }
       ++visited;
-      AccumulateValues(tile, k0, keys, ws_.alpha.get());
+      AccumulateValues(tile, k0, keys, ws_.alpha.get(), sums_in_values);
     }
     if (span.partial) {  // a chunk of a key split (never with weights): for the merge
       const PartialRows& partial = *span.partial;
@@ -437,8 +483,21 @@ class TileAttention {
   }
 
   // score_t[j][r] for keys [k0, k0 + keys): Q·Kᵀ, then the modifications and the exclusions of
-  // score_rule_layer.hpp (log2 domain from here on).
-  void ComputeScores(const Tile& tile, int64_t k0, int64_t keys, TileVerdict verdict) {
+  // score_rule_layer.hpp (log2 domain from here on). Returns whether ws_.score_max holds each
+  // row's max over the key tile (float32 products whose scores no rule changes afterwards:
+  // found from the accumulators, no pass over score_t).
+  bool ComputeScores(const Tile& tile, int64_t k0, int64_t keys, TileVerdict verdict) {
+    if constexpr (!kPairs) {
+      if (!has_score_mods(p_) && tile.bias == nullptr && verdict == TileVerdict::kFull) {
+        std::fill_n(ws_.score_max.get(), kTq, -std::numeric_limits<float>::infinity());
+        ComputeScoresF32(tile, k0, keys, ws_.score_max.get());
+        if (may_exclude(p_)) {  // kFull: no score excluded, the rows only marked visible
+          ApplyExclusions(p_, tile.batch, ws_.row_rules, ws_.keep, k0, keys, kTq, verdict,
+                          ws_.score_t.get(), ws_.visible.get(), tile.rows);
+        }
+        return true;
+      }
+    }
     if constexpr (kPairs) {
       // Plain scores (no modification, bias or exclusion writes to them): the scale is
       // folded into the exponent's argument instead (SoftmaxStep), one multiply per score less.
@@ -446,7 +505,7 @@ class TileAttention {
                     !may_exclude(p_) && score_factor_ > 0.0f && std::isfinite(score_factor_);
       ComputeScoresPairs(k0, keys);
     } else {
-      ComputeScoresF32(tile, k0, keys);
+      ComputeScoresF32(tile, k0, keys, nullptr);
     }
     if (has_score_mods(p_)) {
       ModifyScores(p_, tile.batch, tile.bias, tile.first_query, tile.rows, k0, keys, kTq,
@@ -458,21 +517,23 @@ class TileAttention {
       ApplyExclusions(p_, tile.batch, ws_.row_rules, ws_.keep, k0, keys, kTq, verdict,
                       ws_.score_t.get(), ws_.visible.get(), tile.rows);
     }
+    return false;
   }
 
-  // score_t[j][r] = Q·Kᵀ (scaled) for keys [k0, k0 + keys), float32 products.
-  void ComputeScoresF32(const Tile& tile, int64_t k0, int64_t keys) {
+  // score_t[j][r] = Q·Kᵀ (scaled) for keys [k0, k0 + keys), float32 products; with score_max
+  // (not null, [Tq]) its rows' maxima over these keys as well (ScoreBlock).
+  void ComputeScoresF32(const Tile& tile, int64_t k0, int64_t keys, float* score_max) {
     const float* key = tile.key + k0 * tile.key_stride;
     const int64_t key_stride = tile.key_stride;
     float* score_t = ws_.score_t.get();
     int64_t j = 0;
     for (; j + kScoreKeys <= keys; j += kScoreKeys) {
       ScoreBlock<QV, kScoreKeys>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
-                                 score_t + j * kTq);
+                                 score_t + j * kTq, score_max);
     }
     const auto block = [&](auto keys_tag) {
       ScoreBlock<QV, decltype(keys_tag)::value>(ws_.query_t.get(), key + j * key_stride, key_stride,
-                                                p_.head_dim, score_t + j * kTq);
+                                                p_.head_dim, score_t + j * kTq, score_max);
     };
     if constexpr (kScoreKeys > 4) {
       for (; j + 4 <= keys; j += 4) block(std::integral_constant<int, 4>{});
@@ -537,25 +598,33 @@ class TileAttention {
   }
 
   // Online-softmax step over `keys` rows of score_t: new max, alpha = 2^(m − m'),
-  // probabilities 2^(s − m') in place, l' = α·l + Σ p.
-  // Stores the reference point m' (0 for rows still at -inf) in tile_max when not null.
-  void SoftmaxStep(int64_t keys, float* tile_max_out) {
+  // probabilities 2^(s − m') in place, and with `sums` l' = α·l + Σ p (else AccumulateValues
+  // updates l). max_known: ws_.score_max holds the rows' maxima over these keys already
+  // (ComputeScores). Stores the reference point m' (0 for rows still at -inf) in tile_max
+  // when not null.
+  void SoftmaxStep(int64_t keys, bool max_known, bool sums, float* tile_max_out) {
     if constexpr (kPairs) {
-      if (fold_scale_) return SoftmaxStepOf<true>(keys, tile_max_out);
+      if (fold_scale_) return SoftmaxStepOf<true, true>(keys, false, tile_max_out);
     }
-    SoftmaxStepOf<false>(keys, tile_max_out);
+    if (!sums) return SoftmaxStepOf<false, false>(keys, max_known, tile_max_out);
+    SoftmaxStepOf<false, true>(keys, max_known, tile_max_out);
   }
   // FOLDED: score_t holds the unscaled products t, s = t·scale (scale > 0, score_factor_):
   // max_j s_j = (max_j t_j)·scale exactly (rounding is monotonic), and the exponent's
   // argument s − m' = t·scale − m' is one FMA (rounded once instead of twice).
-  template <bool FOLDED>
-  void SoftmaxStepOf(int64_t keys, float* tile_max_out) {
+  // Without FOLDED the argument s − m' is an FMA s·1 − m' where the target has FMAs (the same
+  // rounding as a subtract): on AMD Zen 5 the add ports also run vreduceps and vscalefps (two
+  // slots each), the FMA ports only the polynomial. Without SUMS the loop has no sum chains:
+  // there its speed is set by how many exponentials' dependency chains the scheduler holds
+  // at once, so each operation less per score vector lets more of them overlap.
+  template <bool FOLDED, bool SUMS>
+  void SoftmaxStepOf(int64_t keys, bool max_known, float* tile_max_out) {
     const DF d;
     float* score_t = ws_.score_t.get();
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    const VF factor = hn::Set(d, score_factor_);
+    const VF factor = hn::Set(d, FOLDED ? score_factor_ : 1.0f);
     const auto argument = [&](VF t, VF m) {
-      if constexpr (FOLDED) {
+      if constexpr (FOLDED || HWY_NATIVE_FMA) {
         return hn::MulSub(t, factor, m);
       } else {
         return hn::Sub(t, m);
@@ -563,17 +632,22 @@ class TileAttention {
     };
     for (int r = 0; r < QV; ++r) {
       float* column = score_t + r * kLanes;
-      // Four independent max chains: one chain would wait out the latency of every max.
-      VF max0 = neg_inf, max1 = neg_inf, max2 = neg_inf, max3 = neg_inf;
-      int64_t j = 0;
-      for (; j + 4 <= keys; j += 4) {
-        max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
-        max1 = hn::Max(max1, hn::Load(d, column + (j + 1) * kTq));
-        max2 = hn::Max(max2, hn::Load(d, column + (j + 2) * kTq));
-        max3 = hn::Max(max3, hn::Load(d, column + (j + 3) * kTq));
+      VF tile_max = neg_inf;
+      if (max_known) {
+        tile_max = hn::Load(d, ws_.score_max.get() + r * kLanes);
+      } else {
+        // Four independent max chains: one chain would wait out the latency of every max.
+        VF max0 = neg_inf, max1 = neg_inf, max2 = neg_inf, max3 = neg_inf;
+        int64_t j = 0;
+        for (; j + 4 <= keys; j += 4) {
+          max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
+          max1 = hn::Max(max1, hn::Load(d, column + (j + 1) * kTq));
+          max2 = hn::Max(max2, hn::Load(d, column + (j + 2) * kTq));
+          max3 = hn::Max(max3, hn::Load(d, column + (j + 3) * kTq));
+        }
+        for (; j < keys; ++j) max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
+        tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
       }
-      for (; j < keys; ++j) max0 = hn::Max(max0, hn::Load(d, column + j * kTq));
-      VF tile_max = hn::Max(hn::Max(max0, max1), hn::Max(max2, max3));
       if constexpr (FOLDED) tile_max = hn::Mul(tile_max, factor);
       const VF old_max = hn::Load(d, ws_.row_max.get() + r * kLanes);
       const VF new_max = hn::Max(old_max, tile_max);
@@ -582,22 +656,30 @@ class TileAttention {
       const VF safe_max = hn::IfThenZeroElse(hn::Eq(new_max, neg_inf), new_max);
       const VF alpha = Exp2(d, hn::Sub(old_max, safe_max));
       VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);
-      for (j = 0; j + 2 <= keys; j += 2) {
-        const VF prob0 = Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max));
-        const VF prob1 = Exp2(d, argument(hn::Load(d, column + (j + 1) * kTq), safe_max));
-        hn::Store(prob0, d, column + j * kTq);
-        hn::Store(prob1, d, column + (j + 1) * kTq);
-        sum0 = hn::Add(sum0, prob0);
-        sum1 = hn::Add(sum1, prob1);
+      int64_t j = 0;
+      if constexpr (!SUMS) {
+        for (; j < keys; ++j) {
+          hn::Store(Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max)), d,
+                    column + j * kTq);
+        }
+      } else {
+        for (; j + 2 <= keys; j += 2) {
+          const VF prob0 = Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max));
+          const VF prob1 = Exp2(d, argument(hn::Load(d, column + (j + 1) * kTq), safe_max));
+          hn::Store(prob0, d, column + j * kTq);
+          hn::Store(prob1, d, column + (j + 1) * kTq);
+          sum0 = hn::Add(sum0, prob0);
+          sum1 = hn::Add(sum1, prob1);
+        }
+        if (j < keys) {
+          const VF prob = Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max));
+          hn::Store(prob, d, column + j * kTq);
+          sum0 = hn::Add(sum0, prob);
+        }
+        const VF sum = hn::Add(sum0, sum1);
+        const VF old_sum = hn::Load(d, ws_.row_sum.get() + r * kLanes);
+        hn::Store(hn::MulAdd(alpha, old_sum, sum), d, ws_.row_sum.get() + r * kLanes);
       }
-      if (j < keys) {
-        const VF prob = Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max));
-        hn::Store(prob, d, column + j * kTq);
-        sum0 = hn::Add(sum0, prob);
-      }
-      const VF sum = hn::Add(sum0, sum1);
-      const VF old_sum = hn::Load(d, ws_.row_sum.get() + r * kLanes);
-      hn::Store(hn::MulAdd(alpha, old_sum, sum), d, ws_.row_sum.get() + r * kLanes);
       hn::Store(new_max, d, ws_.row_max.get() + r * kLanes);
       hn::Store(alpha, d, ws_.alpha.get() + r * kLanes);
       if (tile_max_out) hn::Store(safe_max, d, tile_max_out + r * kLanes);
@@ -681,7 +763,10 @@ class TileAttention {
     }
   }
 
-  void AccumulateValues(const Tile& tile, int64_t k0, int64_t keys, const float* alpha) {
+  // out_t = alpha·out_t + P·V for keys [k0, k0 + keys); with `sums` (kSumsInValues, at least
+  // kSumColumns value columns) the sums l' = alpha·l + Σ p as well.
+  void AccumulateValues(const Tile& tile, int64_t k0, int64_t keys, const float* alpha,
+                        bool sums) {
     if constexpr (kPairs) {
       AccumulateValuesPairs(k0, keys, alpha);
       return;
@@ -692,6 +777,13 @@ class TileAttention {
     float* out_t = ws_.out_t.get();
     // All QV query vectors at once × kValueColumns columns, then narrower blocks for the tail.
     int64_t c = 0;
+    if constexpr (kSumsInValues) {
+      if (sums) {
+        ValueBlock<QV, QV, kSumColumns>(score_t, value, value_stride, keys, alpha, 0, out_t,
+                                        ws_.row_sum.get());
+        c = kSumColumns;
+      }
+    }
     for (; c + kValueColumns <= p_.value_dim; c += kValueColumns) {
       ValueBlock<QV, QV, kValueColumns>(score_t, value + c, value_stride, keys, alpha, 0,
                                         out_t + c * kTq);
