@@ -4,7 +4,7 @@ which reads every array in place and releases the GIL while it computes; with to
 that require grad the call goes through attend._autograd instead."""
 
 import sys
-from typing import Any, NamedTuple, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 import numpy as np
 
@@ -23,7 +23,7 @@ _COMPUTE = {"auto": 0, "float32": _attend.FLAG_COMPUTE_FLOAT32,
             "bfloat16": _attend.FLAG_COMPUTE_BFLOAT16}
 
 # dtype object -> "bool", "float", "integer" or "other"; filled as dtypes are seen.
-_dtype_kinds = {}
+_dtype_kinds: Dict[Any, str] = {}
 
 
 def _dtype_kind(array, name):

@@ -11,7 +11,9 @@ import numpy as np
 
 from . import _attend, _functional
 
-_IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+# What load_state_dict returns, as torch.nn.Module.load_state_dict's (missing, unexpected).
+_IncompatibleKeys = collections.namedtuple("_IncompatibleKeys",
+                                           ["missing_keys", "unexpected_keys"])
 
 
 def _is_torch(x):

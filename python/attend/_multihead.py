@@ -9,6 +9,7 @@ views of the C++ memory.
 
 import collections
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,9 +19,12 @@ from ._modules import _IncompatibleKeys, _PlainModule, _is_torch
 try:
     import torch
 except ImportError:  # NumPy only
-    torch = None
+    torch = None  # type: ignore[assignment]
 
-_Base = torch.nn.Module if torch is not None else _PlainModule
+if TYPE_CHECKING:  # a type checker sees the class as the torch.nn.Module it is with torch
+    from torch.nn import Module as _Base
+else:
+    _Base = torch.nn.Module if torch is not None else _PlainModule
 _multihead_call = _attend.multihead_call
 
 if torch is not None:
@@ -284,6 +288,8 @@ class MultiheadAttention(_Base):
         return self.forward(query, key, value, key_padding_mask, need_weights, attn_mask,
                             average_attn_weights, is_causal)
 
+    _call = __call__  # the Python __call__, which the C one falls back to
+
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False):
         """query (L, N, E) ((N, L, E) with batch_first, (L, E) unbatched), key (S, N, kdim),
@@ -397,7 +403,6 @@ class MultiheadAttention(_Base):
         return output, weights
 
 
-MultiheadAttention._call = MultiheadAttention.__call__
 if torch is not None:
     _attend._install_multihead_call(MultiheadAttention, MultiheadAttention._call, _GLOBAL_HOOKS,
                                     _HOOK_ATTRIBUTES)

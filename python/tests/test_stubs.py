@@ -317,3 +317,19 @@ def test_mypy_stubtest(tmp_path):
         env={**os.environ, "MYPYPATH": str(tmp_path / "stubs"),
              "PYTHONPATH": str(PACKAGE.parent)})
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_mypy_on_the_package(tmp_path):
+    """mypy on the package's own sources (attend/*.py with the stub of the compiled module) finds
+    nothing, where mypy is installed (Debian: python3-mypy)."""
+    pytest.importorskip("mypy")
+    package = tmp_path / "attend"
+    package.mkdir()
+    for source in list(PACKAGE.glob("*.py")) + [PACKAGE / "_attend.pyi", PACKAGE / "py.typed"]:
+        (package / source.name).write_text(source.read_text())
+    (tmp_path / "mypy.ini").write_text("[mypy]\n")  # not the user's configuration
+    run = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"),
+         "--cache-dir", str(tmp_path / "cache"), "-p", "attend"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
