@@ -10,7 +10,9 @@ packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmar
           python3-dev pybind11-dev python3-pybind11 python3-numpy python3-torch python3-pytest
           # attend.torch.patch's tests on torchvision's VisionTransformer; the randomized
           # (property-based) tests of the Python package
-          python3-torchvision python3-hypothesis)
+          python3-torchvision python3-hypothesis
+          # the type checks of the package and its stub (python/tests/test_stubs.py)
+          python3-mypy)
 packages+=("$@")
 missing=()
 # A name without an architecture is ambiguous to dpkg once the arm64 one is installed too
