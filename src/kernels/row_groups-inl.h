@@ -174,8 +174,12 @@ constexpr int64_t kPrefetchKeys = 16;
 // Keys ahead at which rows shared by a group (one K/V stream for the core) are prefetched
 // whole: a single stream keeps too few misses in flight to read at the core's share of the
 // memory bandwidth (decode-gqa read 7 GB/s on one Zen 4 thread, 4 streams of `decode` 12).
-// 64 keys of 128 float32 elements: 32 KiB ahead.
-constexpr int64_t kStreamAheadKeys = 64;
+// Float32: 32 keys of 128 elements, 16 KiB ahead, so that the rows in flight and the block
+// being re-read (the dots' 16 KiB of K for the second sub-group of rows, P·V's 16 KiB chunk
+// of V for its later column passes) fit in a 48 KiB L1 together (BENCHMARKS.md, stream21).
+// The narrower formats keep 64 keys (16 KiB or less at E 128; 32 was not measured for them).
+template <DType K>
+constexpr int64_t kStreamAheadKeys = K == DType::kFloat32 ? 32 : 64;
 
 // Bytes ahead at which a group whose rows read their own K (QuadScores with kShared false: G
 // heads, G streams) prefetches every K row, through the slots (a block table's jumps are
@@ -367,7 +371,7 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
     }
     if constexpr (kShared) {
       for (int c = 0; c < 4; ++c) {
-        PrefetchRow<K>(key[0], slot, j + kStreamAheadKeys + c, prefetch_end, key_stride,
+        PrefetchRow<K>(key[0], slot, j + kStreamAheadKeys<K> + c, prefetch_end, key_stride,
                        head_dim * kv_bytes<K>());
       }
     }
@@ -476,7 +480,7 @@ constexpr int ColumnBlock() {
 // column block; per column the sum runs in key order whatever N is (the same bits for any
 // block width). The first block prefetches whole rows (`columns`) up to slot_end (the slots
 // valid from `slot`): kOwnValuesAheadBytes ahead with G = 1 (a row reading its own V), else
-// (one stream for the core) kStreamAheadKeys ahead. kPaged, G > 1: as in QuadScores.
+// (one stream for the core) kStreamAheadKeys<K> ahead. kPaged, G > 1: as in QuadScores.
 template <int G, int N, DType K, bool kPaged>
 HWY_INLINE void AccumulateRowsBlock(const float* const* prob, KvPtr<K> value, const int64_t* slot,
                                     int64_t value_stride, int64_t keys, int64_t slot_end,
@@ -490,7 +494,7 @@ HWY_INLINE void AccumulateRowsBlock(const float* const* prob, KvPtr<K> value, co
     }
   }
   const int64_t row_bytes = columns * kv_bytes<K>();
-  const int64_t ahead = G > 1 ? kStreamAheadKeys : KeysAhead(kOwnValuesAheadBytes, row_bytes);
+  const int64_t ahead = G > 1 ? kStreamAheadKeys<K> : KeysAhead(kOwnValuesAheadBytes, row_bytes);
   for (int64_t j = 0; j < keys; ++j) {
     if (G > 1 && kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
       for (int64_t k = j; k < j + 4; ++k) {
