@@ -58,10 +58,10 @@ constexpr int kRowGroup = 2;
 #endif
 
 // Rows per group when the rows share one K/V head (decoding with grouped queries: 8 of the
-// query heads of one K/V head where 8 divides their number; RowGroups::SharedRows), so that each K/V byte is read from memory once
-// per head group. Their dots run over L1-sized blocks of keys in sub-groups of at most
-// kRowGroup rows (whose accumulators fit the registers): the first sub-group reads a block
-// from memory, the others from L1.
+// query heads of one K/V head where 8 divides their number; RowGroups::SharedRows), so that each
+// K/V byte is read from memory once per head group. Their dots run over L1-sized blocks of keys in
+// sub-groups of at most kRowGroup rows (whose accumulators fit the registers): the first sub-group
+// reads a block from memory, the others from L1.
 constexpr int kSharedRowGroup = 8;
 constexpr int kMaxRowGroup = kSharedRowGroup > kRowGroup ? kSharedRowGroup : kRowGroup;
 
@@ -191,6 +191,10 @@ constexpr int64_t kStreamAheadKeys = K == DType::kFloat32 ? 32 : 64;
 // float32 heads; 4 KiB for one V: 32 int8 rows of 128, 8 float32 rows.
 constexpr int64_t kOwnKeysAheadBytes = 8192;
 constexpr int64_t kOwnValuesAheadBytes = 4096;
+// Spans of own rows of at most this many bytes (a group's K, one row's V) are not prefetched
+// row by row: they are short (decode64-plan: 64 keys, 64 KiB of K per group of 4 heads, 16 KiB
+// of V per head, from L2), and the prefetches' instructions cost more than they save there.
+constexpr int64_t kOwnPrefetchMinBytes = 64 * 1024;
 
 // Keys ahead that put `bytes_ahead` bytes of rows of `row_bytes` each in flight (at least 1).
 constexpr int64_t KeysAhead(int64_t bytes_ahead, int64_t row_bytes) {
@@ -348,6 +352,7 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
   for (int r = 0; r < G; ++r) pending[r] = hn::Zero(d);
   const int64_t row_bytes = head_dim * kv_bytes<K>();
   const int64_t ahead = KeysAhead(kOwnKeysAheadBytes, G * row_bytes);
+  const bool own_ahead = !kShared && prefetch_end * G * row_bytes > kOwnPrefetchMinBytes;
   int64_t j = 0;
   for (; j + 4 <= key_end; j += 4) {
     VF acc[G][4];
@@ -356,7 +361,7 @@ HWY_INLINE void QuadScores(const float* const* query, const KvPtr<K>* key, const
     }
     int64_t row[4];
     for (int c = 0; c < 4; ++c) row[c] = slot[j + c] * key_stride;
-    if constexpr (!kShared) {
+    if (!kShared && own_ahead) {
       for (int c = 0; c < 4; ++c) {
         for (int r = 0; r < G; ++r) {
           PrefetchRow<K>(key[r], slot, j + ahead + c, prefetch_end, key_stride, row_bytes);
@@ -495,13 +500,16 @@ HWY_INLINE void AccumulateRowsBlock(const float* const* prob, KvPtr<K> value, co
   }
   const int64_t row_bytes = columns * kv_bytes<K>();
   const int64_t ahead = G > 1 ? kStreamAheadKeys<K> : KeysAhead(kOwnValuesAheadBytes, row_bytes);
+  const bool ahead_rows = G > 1 || slot_end * row_bytes > kOwnPrefetchMinBytes;
   for (int64_t j = 0; j < keys; ++j) {
     if (G > 1 && kPaged && j % 4 == 0 && RunStartsIn4(slot, j + kPrefetchKeys, keys)) {
       for (int64_t k = j; k < j + 4; ++k) {
         PrefetchRunStart<K>(value + c0, slot, k + kPrefetchKeys, keys, value_stride, N * kLanes);
       }
     }
-    if (c0 == 0) PrefetchRow<K>(value, slot, j + ahead, slot_end, value_stride, row_bytes);
+    if (c0 == 0 && ahead_rows) {
+      PrefetchRow<K>(value, slot, j + ahead, slot_end, value_stride, row_bytes);
+    }
     const KvPtr<K> v = value + slot[j] * value_stride + c0;
     VF vn[N];
     for (int n = 0; n < N; ++n) vn[n] = LoadKV<K>(d, v + n * kLanes);
