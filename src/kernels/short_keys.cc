@@ -108,6 +108,29 @@ struct NoWorkspace {
   bool ok() const { return true; }
 };
 
+#if ATTEND_QUAD_SUMS
+// Keys j..j+3's dot products with q over e_len = whole vectors, as ShortQuadSums gives them
+// (lanes 0..3 of every 128-bit block); keys past `last` repeat key `last` (their sums land
+// past Lk and are excluded).
+HWY_INLINE SV FourDots(const float* HWY_RESTRICT q, const float* HWY_RESTRICT key,
+                       int64_t stride, int64_t j, int64_t last, int64_t e_len) {
+  const SD d;
+  const float* k0 = key + j * stride;
+  const float* k1 = key + std::min(j + 1, last) * stride;
+  const float* k2 = key + std::min(j + 2, last) * stride;
+  const float* k3 = key + std::min(j + 3, last) * stride;
+  SV a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  for (int64_t e = 0; e < e_len; e += kShortLanes) {
+    const SV qv = hn::LoadU(d, q + e);
+    a0 = hn::MulAdd(qv, hn::LoadU(d, k0 + e), a0);
+    a1 = hn::MulAdd(qv, hn::LoadU(d, k1 + e), a1);
+    a2 = hn::MulAdd(qv, hn::LoadU(d, k2 + e), a2);
+    a3 = hn::MulAdd(qv, hn::LoadU(d, k3 + e), a3);
+  }
+  return ShortQuadSums(a0, a1, a2, a3);
+}
+#endif
+
 // dots[j] = Σ_e q[e]·key[j·stride + e] for j < Lk (dots[Lk, ⌈Lk/4⌉·4 + lanes) may be written).
 // E = NE·lanes when NE > 0 (loops of known length, unrolled), any E when NE is 0; the sums
 // are the same either way.
@@ -120,20 +143,7 @@ HWY_INLINE void ShortDots(const SdpaParams& p, const float* HWY_RESTRICT q,
 #if ATTEND_QUAD_SUMS
   if (vector_end == e_len) {
     for (int64_t j = 0; j < lk; j += 4) {
-      // Keys past Lk repeat the last one (their sums land past Lk and are excluded).
-      const float* k0 = key + j * stride;
-      const float* k1 = key + std::min(j + 1, lk - 1) * stride;
-      const float* k2 = key + std::min(j + 2, lk - 1) * stride;
-      const float* k3 = key + std::min(j + 3, lk - 1) * stride;
-      SV a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-      for (int64_t e = 0; e < e_len; e += kShortLanes) {
-        const SV qv = hn::LoadU(d, q + e);
-        a0 = hn::MulAdd(qv, hn::LoadU(d, k0 + e), a0);
-        a1 = hn::MulAdd(qv, hn::LoadU(d, k1 + e), a1);
-        a2 = hn::MulAdd(qv, hn::LoadU(d, k2 + e), a2);
-        a3 = hn::MulAdd(qv, hn::LoadU(d, k3 + e), a3);
-      }
-      hn::StoreU(ShortQuadSums(a0, a1, a2, a3), d, dots + j);
+      hn::StoreU(FourDots(q, key, stride, j, lk - 1, e_len), d, dots + j);
     }
     return;
   }
@@ -156,21 +166,7 @@ HWY_INLINE void ShortDots(const SdpaParams& p, const float* HWY_RESTRICT q,
 template <int N>
 HWY_INLINE SV ShortQuadDots(const SdpaParams& p, const float* HWY_RESTRICT q,
                             const float* HWY_RESTRICT key, int64_t stride) {
-  const SD d;
-  const int64_t e_len = N > 0 ? N * kShortLanes : p.head_dim, last = p.key_len - 1;
-  const float* k0 = key;
-  const float* k1 = key + std::min<int64_t>(1, last) * stride;
-  const float* k2 = key + std::min<int64_t>(2, last) * stride;
-  const float* k3 = key + std::min<int64_t>(3, last) * stride;
-  SV a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-  for (int64_t e = 0; e < e_len; e += kShortLanes) {
-    const SV qv = hn::LoadU(d, q + e);
-    a0 = hn::MulAdd(qv, hn::LoadU(d, k0 + e), a0);
-    a1 = hn::MulAdd(qv, hn::LoadU(d, k1 + e), a1);
-    a2 = hn::MulAdd(qv, hn::LoadU(d, k2 + e), a2);
-    a3 = hn::MulAdd(qv, hn::LoadU(d, k3 + e), a3);
-  }
-  return ShortQuadSums(a0, a1, a2, a3);
+  return FourDots(q, key, stride, 0, p.key_len - 1, N > 0 ? N * kShortLanes : p.head_dim);
 }
 #endif
 
