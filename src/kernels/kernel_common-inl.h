@@ -131,10 +131,15 @@ class DenormalsAreZero {
 // takes microseconds with idle cores and up to a scheduler tick on a loaded machine.
 constexpr double kMultiplyAddsPerThread = 4194304.0;
 
+// The threads ParallelItems runs `items` items on (1: inline, no parallel region).
+inline int ParallelThreads(const SdpaParams& p, double multiply_adds, int64_t items) {
+  const auto worth = static_cast<int64_t>(multiply_adds / kMultiplyAddsPerThread) + 1;
+  return static_cast<int>(std::min({int64_t{p.num_threads}, items, worth}));
+}
+
 template <class Workspace_, class Body>
 void ParallelItems(const SdpaParams& p, double multiply_adds, int64_t items, const Body& body) {
-  const auto worth = static_cast<int64_t>(multiply_adds / kMultiplyAddsPerThread) + 1;
-  const int threads = static_cast<int>(std::min({int64_t{p.num_threads}, items, worth}));
+  const int threads = ParallelThreads(p, multiply_adds, items);
   if (threads <= 1) {
     DenormalsAreZero denormals_are_zero;
     Workspace_ ws(p);

@@ -4,8 +4,9 @@
 // Reads  query (..., Lq, E), key (..., Lk, E), value (..., Lk, Ev), float32 in place.
 // Writes output (..., Lq, Ev) and, on request, logsumexp (..., Lq).
 //
-// One work item per batch index b; per query row i, in three passes over at most 16 keys
-// (vectors of at most 8 lanes: 256-bit on AVX-512):
+// One work item per batch index b on several threads, one for all of them on one thread (the
+// constants made once, the operands' offsets stepped from index to index); per query row i,
+// in three passes over at most 16 keys (vectors of at most 8 lanes: 256-bit on AVX-512):
 //   1. dots d_j = Σ_e q_i[e]·k_j[e], lanes along E; four keys' sums at once (QuadSums on x86);
 //   2. scores in the log2 domain, s_j = (scale·d_j + slope_h·(j − i'))·log2 e with the ALiBi
 //      term only with slopes, -inf for a key outside the row's visible keys (causal, window,
@@ -275,30 +276,34 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT w, const float* HWY_RES
   for (int c = 0; c < NV; ++c) hn::StoreU(hn::Mul(acc[c], factor), d, o + c * kShortLanes);
 }
 
-// Rows [0, Lq) of batch index b. E = Ev = N·lanes when N > 0 (loops of known length), any E
-// and Ev when N is 0: the same operations in the same order either way.
-template <int N>
-void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
+// What is the same for every batch index of a call: its constants, made once per work item.
+struct ShortConstants {
+  SV minus_inf, scale, log2e;
+  bool fix_rows;
+  explicit ShortConstants(const SdpaParams& p)
+      : minus_inf(hn::Set(SD(), -std::numeric_limits<float>::infinity())),
+        scale(hn::Set(SD(), p.scale)),
+        log2e(hn::Set(SD(), kLog2e)),
+        fix_rows(fixes_fully_excluded_rows(p)) {}
+};
+
+// Rows [0, Lq) of one batch index (operands `tile`, head `head`). E = Ev = N·lanes when N > 0
+// (loops of known length), any E and Ev when N is 0: the same operations in the same order
+// either way. kPairs: rows.pairs (two rows per vector), known where the loop over batch
+// indices is made, so that the constants of 2^x stay out of it.
+template <int N, bool kPairs>
+HWY_INLINE void ShortKeysTile(const SdpaParams& p, const ShortRows& rows, const ShortConstants& c,
+                              const ShortTile& tile, int64_t head) {
   const SD d;
-  const SdpaParams::BatchCoordinates at = p.batch_coordinates(b);
-  const ShortTile tile{p.query + at.offset(p.query_strides),
-                       p.key + at.offset(p.key_strides),
-                       p.value + at.offset(p.value_strides),
-                       p.output + at.offset(p.output_strides),
-                       p.logsumexp ? p.logsumexp + at.offset(p.logsumexp_strides) : nullptr,
-                       p.key_strides.row,
-                       p.value_strides.row};
   const int64_t lk = p.key_len, ev = N > 0 ? N * kShortLanes : p.value_dim;
   const int64_t padded = (lk + kShortLanes - 1) / kShortLanes * kShortLanes;
-  const int64_t head = head_of(p, b);
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   const float sink = p.sinks ? p.sinks[head] * kLog2e : kMinusInf;
-  const bool fix_rows = fixes_fully_excluded_rows(p);
-  const SV minus_inf = hn::Set(d, kMinusInf);
+  const bool fix_rows = c.fix_rows;
+  const SV minus_inf = c.minus_inf;
   // Natural-domain scores scale·d (+ slope·(j − i')), then ·log2 e.
-  const SV scale = hn::Set(d, p.scale);
+  const SV scale = c.scale, log2e = c.log2e;
   const SV slope = hn::Set(d, p.alibi_slopes ? p.alibi_slopes[head] : 0.0f);
-  const SV log2e = hn::Set(d, kLog2e);
   // Every row's softmax first (row i's weights: weights[i][j], 1/l: inv_sums[i]; 0 for a row
   // written as fully excluded), then every row's P·V: the rows' dependency chains (dots,
   // maximum, 2^x, sum, divide) overlap instead of each P·V waiting on its own.
@@ -313,11 +318,12 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
       WriteExcludedRow(p, tile, i);
       return;
     }
-    if (tile.logsumexp) tile.logsumexp[i * p.logsumexp_strides.row] = logsumexp_of_part(row_max, sum);
+    if (tile.logsumexp)
+      tile.logsumexp[i * p.logsumexp_strides.row] = logsumexp_of_part(row_max, sum);
     inv_sums[i] = 1.0f / sum;
   };
 #if ATTEND_SHORT_PAIRS
-  if (rows.pairs) {
+  if (kPairs) {
     // Rows 2t (lanes 0..3) and 2t + 1 (lanes 4..7) in one vector, keys along each block:
     // per lane the operations of the row-at-a-time loop below, and per block the maximum and
     // SumOfLanes' sum in its order (lanes past Lk hold 2^-inf = 0 there), so the same bits.
@@ -328,10 +334,10 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
       float* s = probs + i * kShortLanes / 2;
       weights[i] = s;
       if (i + 1 < p.query_len) weights[i + 1] = s + 4;
-      const SV dots0 = ShortQuadDots<N>(p, tile.query + i * p.query_strides.row, tile.key,
-                                         tile.key_stride);
-      const SV dots1 = ShortQuadDots<N>(p, tile.query + i1 * p.query_strides.row, tile.key,
-                                         tile.key_stride);
+      const SV dots0 =
+          ShortQuadDots<N>(p, tile.query + i * p.query_strides.row, tile.key, tile.key_stride);
+      const SV dots1 =
+          ShortQuadDots<N>(p, tile.query + i1 * p.query_strides.row, tile.key, tile.key_stride);
       SV x = hn::Mul(hn::ConcatUpperLower(d, dots1, dots0), scale);
       if (p.alibi_slopes) x = hn::MulAdd(slope, hn::Load(d, rows.distance + i * 4), x);
       x = hn::IfThenElse(hn::MaskFromVec(hn::Load(d, rows.keep + i * 4)), hn::Mul(x, log2e),
@@ -397,20 +403,64 @@ void ShortKeysItem(const SdpaParams& p, const ShortRows& rows, int64_t b) {
     if (vectors == 3) WeightedValues<3>(s, v + c, v_stride, begin, end, inv_sum, o + c);
     if (vectors == 2) WeightedValues<2>(s, v + c, v_stride, begin, end, inv_sum, o + c);
     if (vectors == 1) WeightedValues<1>(s, v + c, v_stride, begin, end, inv_sum, o + c);
-    for (c += vectors * kShortLanes; c < ev; ++c) {
-      float acc = 0.0f;
-      for (int64_t j = begin; j < end; ++j) acc += s[j] * v[j * v_stride + c];
-      o[c] = acc * inv_sum;
+    if constexpr (N == 0) {  // columns past whole vectors (none when N > 0)
+      for (c += vectors * kShortLanes; c < ev; ++c) {
+        float acc = 0.0f;
+        for (int64_t j = begin; j < end; ++j) acc += s[j] * v[j * v_stride + c];
+        o[c] = acc * inv_sum;
+      }
     }
   }
+  (void)lk;
+}
+
+// Batch indices [b_begin, b_end), one after another: one range per call when it runs on one
+// thread (the constants made once, the operands' offsets stepped from one index to the next).
+template <int N, bool kPairs>
+void ShortKeysRange(const SdpaParams& p, const ShortRows& rows, int64_t b_begin, int64_t b_end) {
+  if (b_begin >= b_end) return;
+  const ShortConstants c(p);
+  // Batch index b's coordinates and head, stepped from b_begin's (no division per index).
+  SdpaParams::BatchCoordinates at = p.batch_coordinates(b_begin);
+  int64_t head = head_of(p, b_begin);
+  for (int64_t b = b_begin;;) {
+    const ShortTile tile{p.query + at.offset(p.query_strides),
+                         p.key + at.offset(p.key_strides),
+                         p.value + at.offset(p.value_strides),
+                         p.output + at.offset(p.output_strides),
+                         p.logsumexp ? p.logsumexp + at.offset(p.logsumexp_strides) : nullptr,
+                         p.key_strides.row,
+                         p.value_strides.row};
+    ShortKeysTile<N, kPairs>(p, rows, c, tile, head);
+    if (++b == b_end) return;
+    for (int k = 0; k < at.count; ++k) {
+      if (++at.index[k] < p.batch_shape[at.dim[k]]) break;
+      at.index[k] = 0;
+    }
+    head = head + 1 == p.heads ? 0 : head + 1;
+  }
+}
+
+template <int N>
+void ShortKeysItems(const SdpaParams& p, const ShortRows& rows, int64_t b_begin, int64_t b_end) {
+  if (rows.pairs) return ShortKeysRange<N, true>(p, rows, b_begin, b_end);
+  ShortKeysRange<N, false>(p, rows, b_begin, b_end);
 }
 
 int64_t ShortKeysLanes() { return kShortLanes; }
 
+// One batch index per work item on several threads; all of them in one item on one thread.
 template <int N>
 void RunShortKeys(const SdpaParams& p, const ShortRows& rows, double multiply_adds) {
-  ParallelItems<NoWorkspace>(p, multiply_adds, p.batch,
-                             [&](NoWorkspace&, int64_t b) { ShortKeysItem<N>(p, rows, b); });
+  if (ParallelThreads(p, multiply_adds, p.batch) <= 1) {
+    ParallelItems<NoWorkspace>(p, multiply_adds, 1, [&](NoWorkspace&, int64_t) {
+      ShortKeysItems<N>(p, rows, 0, p.batch);
+    });
+    return;
+  }
+  ParallelItems<NoWorkspace>(p, multiply_adds, p.batch, [&](NoWorkspace&, int64_t b) {
+    ShortKeysItems<N>(p, rows, b, b + 1);
+  });
 }
 
 void FusedShortKeys(const SdpaParams& p) {
