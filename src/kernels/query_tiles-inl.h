@@ -138,6 +138,7 @@ struct Workspace {
   hwy::AlignedFreeUniquePtr<float[]> row_sum;    // [Tq]      running sum l
   hwy::AlignedFreeUniquePtr<float[]> alpha;      // [Tq]      rescale factor of this key tile
   hwy::AlignedFreeUniquePtr<float[]> score_max;  // [Tq]      max of this key tile's scores
+  hwy::AlignedFreeUniquePtr<float[]> point;      // [Tq]      reference point m' (ExpValueBlock)
   hwy::AlignedFreeUniquePtr<uint8_t[]> visible;  // [Tq]      some key not excluded so far
   hwy::AlignedFreeUniquePtr<float[]> tile_max;   // [Lk/Tk][Tq] reference point per key tile
   hwy::AlignedFreeUniquePtr<int64_t[]> visited;  // [Lk/Tk]    first key of each visited tile
@@ -161,6 +162,7 @@ struct Workspace {
     row_sum = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     alpha = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     score_max = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
+    point = hwy::AllocateAligned<float>(static_cast<size_t>(tq));
     visible = hwy::AllocateAligned<uint8_t>(static_cast<size_t>(tq));
     const int64_t key_tiles = (p.key_len + kKeyTile - 1) / kKeyTile;
     tile_max = hwy::AllocateAligned<float>(static_cast<size_t>((p.weights ? key_tiles : 1) * tq));
@@ -182,7 +184,8 @@ struct Workspace {
   }
   bool operands_ok = true;
   bool ok() const {
-    return query_t && score_t && out_t && row_max && row_sum && alpha && score_max && visible &&
+    return query_t && score_t && out_t && row_max && row_sum && alpha && score_max && point &&
+           visible &&
            tile_max &&
            visited && row_rules.ok() && keep.ok() && operands_ok;
   }
@@ -277,6 +280,65 @@ HWY_INLINE void ValueBlock(const float* HWY_RESTRICT score_t, const float* value
   }
 }
 
+// The first P·V block with the softmax's exponentials folded in: for each key j,
+// p[j][q] = 2^(score_t[j][q] − point[q]) (point: the rows' reference points m', [QV·lanes])
+// is computed and stored back into score_t (where the other blocks and the sums read it),
+// and out_t[ev][q] = alpha[q]·out_t[ev][q] + Σ_j p[j][q]·V[j][ev] for COLS value columns.
+// Software-pipelined by kExpLead keys: key j's products read the probabilities of key j
+// from score_t while the exponentials of key j + kExpLead run beside them, so the FMAs never
+// wait out an exponential's dependency chain (load, subtract, vreduceps, five FMAs,
+// vscalefps: about 40 cycles). The same operations on the same values as SoftmaxStepOf's
+// loop (the subtract rounds as the FMA s·1 − m' there) followed by ValueBlock: same bits.
+template <int QV, int COLS>
+HWY_INLINE void ExpValueBlock(float* HWY_RESTRICT score_t, const float* value_column,
+                              int64_t value_stride, int64_t keys, const float* HWY_RESTRICT alpha,
+                              const float* HWY_RESTRICT point, float* HWY_RESTRICT out_t_column) {
+  const DF d;
+  constexpr int64_t tq = QV * kLanes;
+  constexpr int64_t kExpLead = 2;
+  VF acc[QV][COLS];
+  for (int r = 0; r < QV; ++r) {
+    const VF a = hn::Load(d, alpha + r * kLanes);
+    for (int c = 0; c < COLS; ++c) {
+      acc[r][c] = hn::Mul(a, hn::Load(d, out_t_column + c * tq + r * kLanes));
+    }
+  }
+  const auto exps = [&](int64_t j) HWY_ATTR {
+    for (int r = 0; r < QV; ++r) {
+      float* s = score_t + j * tq + r * kLanes;
+      hn::Store(Exp2(d, hn::Sub(hn::Load(d, s), hn::Load(d, point + r * kLanes))), d, s);
+    }
+  };
+  const auto products = [&](int64_t j) HWY_ATTR {
+    // The probabilities are read back from score_t: kept in registers from exps instead,
+    // kExpLead keys of them would spill (512-bit stores issue one per two cycles). The
+    // compiler is not told that this address is the one exps stored to.
+    const float* p = score_t + j * tq;
+#if defined(__GNUC__)
+    asm("" : "+r"(p));
+#endif
+    VF prob[QV];
+    for (int r = 0; r < QV; ++r) prob[r] = hn::Load(d, p + r * kLanes);
+    const float* v = value_column + j * value_stride;
+    for (int c = 0; c < COLS; ++c) {
+      const VF vb = hn::Set(d, v[c]);
+      for (int r = 0; r < QV; ++r) acc[r][c] = hn::MulAdd(prob[r], vb, acc[r][c]);
+    }
+  };
+  for (int64_t j = 0; j < std::min(kExpLead, keys); ++j) exps(j);
+  int64_t j = 0;
+  for (; j + kExpLead < keys; ++j) {
+    exps(j + kExpLead);
+    products(j);
+  }
+  for (; j < keys; ++j) products(j);
+  for (int r = 0; r < QV; ++r) {
+    for (int c = 0; c < COLS; ++c) {
+      hn::Store(acc[r][c], d, out_t_column + c * tq + r * kLanes);
+    }
+  }
+}
+
 // Products: void for float32 products, else the bfloat16 products struct (isa/, e.g.
 // Avx512Bf16, AmxBf16) that runs the two products from the bfloat16 operands of the tile and
 // of ws.bf16 or ws.amx (packed by the caller; AmxBf16 inside an amx::TileScope).
@@ -289,10 +351,10 @@ class TileAttention {
   // keys or columns (as many as FMA latency × ports): more would need a load per FMA.
   static constexpr int kScoreKeys = QV == 1 ? std::min(8, kAccumulators) : kAccumulators / QV;
   static constexpr int kValueColumns = kScoreKeys;
-  // Tiles of 4 vectors on 32-register targets: P·V's first kSumColumns value columns in a
-  // 4 × 4 block (16 accumulators) that also sums the probabilities (ValueBlock's row_sum:
-  // 8 more registers), unless dropout zeroes some of them before the product (the sum l is
-  // taken before dropout). At Ev = 32 the rest is 4 blocks of 6 and one of 4.
+  // Tiles of 4 vectors on 32-register targets: a 4 × 4 P·V block (kSumColumns value columns)
+  // also sums the probabilities (ValueBlock's row_sum), unless dropout zeroes some first (l is
+  // taken before dropout); where the score blocks found the max (no weights, Ev >= 8), a 4 × 4
+  // ExpValueBlock before it computes them. Ev = 32: then 4 blocks of 6; Ev = 64: 8 of 6, 2 of 4.
   static constexpr bool kSumsInValues = !kPairs && QV == 4 && kAccumulators == 24;
   static constexpr int kSumColumns = 4;
 
@@ -329,6 +391,11 @@ class TileAttention {
     const float keep_scale = 1.0f / (1.0f - p_.dropout);
     // Whether AccumulateValues updates the sums l (else SoftmaxStep does).
     const bool sums_in_values = kSumsInValues && p_.dropout == 0 && p_.value_dim >= kSumColumns;
+    // Whether, on key tiles whose max ComputeScores found, AccumulateValues' summing block
+    // also computes the probabilities (ExpValueBlock; not when the weights are written
+    // before the product).
+    const bool exps_in_values =
+        sums_in_values && tile.weights == nullptr && p_.value_dim >= 2 * kSumColumns;
 
     // One pass: online softmax with output accumulation. With weights, each key tile's
     // probabilities 2^(s − m_t) are written as they are and rescaled once the final m and
@@ -353,7 +420,8 @@ class TileAttention {
         continue;
       }
       const bool max_known = ComputeScores(tile, k0, keys, verdict);
-      SoftmaxStep(keys, max_known, !sums_in_values,
+      const bool exps = !(exps_in_values && max_known);
+      SoftmaxStep(keys, max_known, !sums_in_values, exps,
                   tile.weights ? ws_.tile_max.get() + visited * kTq : nullptr);
       if (p_.dropout > 0) ApplyDropout(tile, k0, keys);
       if (tile.weights) {
@@ -361,7 +429,7 @@ class TileAttention {
         WriteWeights(tile, k0, keys);
       }
       ++visited;
-      AccumulateValues(tile, k0, keys, ws_.alpha.get(), sums_in_values);
+      AccumulateValues(tile, k0, keys, ws_.alpha.get(), sums_in_values, !exps);
     }
     if (span.partial) {  // a chunk of a key split (never with weights): for the merge
       const PartialRows& partial = *span.partial;
@@ -600,14 +668,15 @@ class TileAttention {
   // Online-softmax step over `keys` rows of score_t: new max, alpha = 2^(m − m'),
   // probabilities 2^(s − m') in place, and with `sums` l' = α·l + Σ p (else AccumulateValues
   // updates l). max_known: ws_.score_max holds the rows' maxima over these keys already
-  // (ComputeScores). Stores the reference point m' (0 for rows still at -inf) in tile_max
-  // when not null.
-  void SoftmaxStep(int64_t keys, bool max_known, bool sums, float* tile_max_out) {
+  // (ComputeScores). Without `exps` (no sums) only m', alpha and the reference point (into
+  // ws_.point) are found: AccumulateValues computes the probabilities (ExpValueBlock).
+  // Stores the reference point m' (0 for rows still at -inf) in tile_max when not null.
+  void SoftmaxStep(int64_t keys, bool max_known, bool sums, bool exps, float* tile_max_out) {
     if constexpr (kPairs) {
-      if (fold_scale_) return SoftmaxStepOf<true, true>(keys, false, tile_max_out);
+      if (fold_scale_) return SoftmaxStepOf<true, true>(keys, false, true, tile_max_out);
     }
-    if (!sums) return SoftmaxStepOf<false, false>(keys, max_known, tile_max_out);
-    SoftmaxStepOf<false, true>(keys, max_known, tile_max_out);
+    if (!sums) return SoftmaxStepOf<false, false>(keys, max_known, exps, tile_max_out);
+    SoftmaxStepOf<false, true>(keys, max_known, true, tile_max_out);
   }
   // FOLDED: score_t holds the unscaled products t, s = t·scale (scale > 0, score_factor_):
   // max_j s_j = (max_j t_j)·scale exactly (rounding is monotonic), and the exponent's
@@ -618,7 +687,7 @@ class TileAttention {
   // there its speed is set by how many exponentials' dependency chains the scheduler holds
   // at once, so each operation less per score vector lets more of them overlap.
   template <bool FOLDED, bool SUMS>
-  void SoftmaxStepOf(int64_t keys, bool max_known, float* tile_max_out) {
+  void SoftmaxStepOf(int64_t keys, bool max_known, bool exps, float* tile_max_out) {
     const DF d;
     float* score_t = ws_.score_t.get();
     const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
@@ -658,7 +727,8 @@ class TileAttention {
       VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);
       int64_t j = 0;
       if constexpr (!SUMS) {
-        for (; j < keys; ++j) {
+        if (!exps) hn::Store(safe_max, d, ws_.point.get() + r * kLanes);
+        for (; exps && j < keys; ++j) {
           hn::Store(Exp2(d, argument(hn::Load(d, column + j * kTq), safe_max)), d,
                     column + j * kTq);
         }
@@ -764,9 +834,11 @@ class TileAttention {
   }
 
   // out_t = alpha·out_t + P·V for keys [k0, k0 + keys); with `sums` (kSumsInValues, at least
-  // kSumColumns value columns) the sums l' = alpha·l + Σ p as well.
+  // kSumColumns value columns) the sums l' = alpha·l + Σ p as well; with `exps` (and sums)
+  // score_t holds the scores, and the summing block computes the probabilities P from them
+  // and ws_.point first (ExpValueBlock).
   void AccumulateValues(const Tile& tile, int64_t k0, int64_t keys, const float* alpha,
-                        bool sums) {
+                        bool sums, bool exps) {
     if constexpr (kPairs) {
       AccumulateValuesPairs(k0, keys, alpha);
       return;
@@ -778,13 +850,20 @@ class TileAttention {
     // All QV query vectors at once × kValueColumns columns, then narrower blocks for the tail.
     int64_t c = 0;
     if constexpr (kSumsInValues) {
-      if (sums) {
-        ValueBlock<QV, QV, kSumColumns>(score_t, value, value_stride, keys, alpha, 0, out_t,
-                                        ws_.row_sum.get());
+      if (sums && exps) {  // value_dim >= 2·kSumColumns
+        ExpValueBlock<QV, kSumColumns>(ws_.score_t.get(), value, value_stride, keys, alpha,
+                                       ws_.point.get(), out_t);
         c = kSumColumns;
       }
+      if (sums) {
+        ValueBlock<QV, QV, kSumColumns>(score_t, value + c, value_stride, keys, alpha, 0,
+                                        out_t + c * kTq, ws_.row_sum.get());
+        c += kSumColumns;
+      }
     }
-    for (; c + kValueColumns <= p_.value_dim; c += kValueColumns) {
+    // 6 columns at a time, but 8 left as two blocks of 4 (not 6 and 2).
+    for (; c + kValueColumns <= p_.value_dim && !(kValueColumns == 6 && p_.value_dim - c == 8);
+         c += kValueColumns) {
       ValueBlock<QV, QV, kValueColumns>(score_t, value + c, value_stride, keys, alpha, 0,
                                         out_t + c * kTq);
     }
