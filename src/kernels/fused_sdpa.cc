@@ -166,9 +166,8 @@ void RunAllTiles(const SdpaParams& p) {
 // thread's widened copy of the K/V head, PackKeysAndValues). Every row goes through the merge
 // (RunItems' `merged`), which writes it to its own head's output and log-sum-exp.
 //   item = group index · tiles_per_group + tile; tile t holds packed rows [t·Tq, t·Tq + Tq).
-// Products: void (float32 products) or Avx512Bf16 (bfloat16 Q, K and V; V packed as pairs
-// once per thread and key span, as the query tiles pack it, K read in place where its rows
-// are pairs already: Bf16Operands::Pack).
+// Products: void (float32 products) or Avx512Bf16 (bfloat16 Q, K and V; K and V packed as
+// pairs once per thread and key span, as the query tiles pack them: Bf16Operands::Pack).
 template <int QV, class Products>
 void RunGroupedTiles(const SdpaParams& p, int64_t group) {
   constexpr int64_t tq = QV * kLanes;
@@ -182,7 +181,7 @@ void RunGroupedTiles(const SdpaParams& p, int64_t group) {
         tile.group = group;
         if constexpr (!std::is_void_v<Products>) {
           ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
-                       span.begin, span.count, true);
+                       span.begin, span.count);
         } else if (p.half_kv()) {
           PackKeysAndValues(p, ws.packed, tile);  // widened once per thread
         }

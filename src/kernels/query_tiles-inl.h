@@ -11,7 +11,6 @@
 #endif
 
 #include <hwy/aligned_allocator.h>
-#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -66,8 +65,7 @@ struct Bf16Operands {
   const uint16_t* key_from = nullptr;  // the span packed last: operands and first key
   const uint16_t* value_from = nullptr;
   int64_t begin = -1, count = 0;
-  const uint32_t* key = nullptr;    // K of the span as pairs: row j − begin, key_row words apart
-  int64_t key_row = 0;
+  const uint32_t* key = nullptr;    // packed K of the span: row j − begin
   const uint32_t* value = nullptr;  // packed V of the span: pair row (j − begin) / 2
 
   bool Allocate(const SdpaParams& p, int64_t tq, int64_t key_tile) {
@@ -86,13 +84,13 @@ struct Bf16Operands {
   }
 
   // K and V of keys [begin, begin + count) of the tile's batch index, packed (once per
-  // thread and span; the tiles of one batch index reuse it). key_in_place: K is read where
-  // it is when its rows already are pairs along E (E and the row stride even, 4-byte
-  // aligned: the same words HalfPairsAlongRow would copy), for a span that one tile reads
-  // once (the grouped-query tiles); only V, whose pairs run across two keys, is packed.
+  // thread and span; the tiles of one batch index reuse it). The grouped-query tiles read a
+  // span once, and still copy K: the copy streams K in order, where the score blocks' 12
+  // rows 512 B apart would each wait on memory (reading K in place was 5–15 % slower on
+  // decode-verify4-bf16: BENCHMARKS.md).
   void Pack(const SdpaParams& p, const uint16_t* key_rows, int64_t key_stride,
             const uint16_t* value_rows, int64_t value_stride, int64_t span_begin,
-            int64_t span_count, bool key_in_place = false) {
+            int64_t span_count) {
     if (key_from == key_rows && value_from == value_rows && begin == span_begin &&
         count == span_count) {
       return;
@@ -100,17 +98,8 @@ struct Bf16Operands {
     const int64_t e2 = PairsOf(p.head_dim), ev = p.value_dim;
     uint32_t* k = packed.get();
     uint32_t* v = k + span_count * e2;
-    key_in_place = key_in_place && p.head_dim % 2 == 0 && key_stride % 2 == 0 &&
-                   reinterpret_cast<uintptr_t>(key_rows) % alignof(uint32_t) == 0;
-    if (key_in_place) {
-      key = reinterpret_cast<const uint32_t*>(key_rows + span_begin * key_stride);
-      key_row = key_stride / 2;
-    } else {
-      for (int64_t j = 0; j < span_count; ++j) {
-        HalfPairsAlongRow(key_rows + (span_begin + j) * key_stride, p.head_dim, k + j * e2, 1);
-      }
-      key = k;
-      key_row = e2;
+    for (int64_t j = 0; j < span_count; ++j) {
+      HalfPairsAlongRow(key_rows + (span_begin + j) * key_stride, p.head_dim, k + j * e2, 1);
     }
     for (int64_t j = 0; j < span_count; j += 2) {
       const uint16_t* v0 = value_rows + (span_begin + j) * value_stride;
@@ -121,6 +110,7 @@ struct Bf16Operands {
     value_from = value_rows;
     begin = span_begin;
     count = span_count;
+    key = k;
     value = v;
   }
 };
@@ -606,7 +596,8 @@ class TileAttention {
               op.depth / 2, 1};
     }
 #endif
-    return {ws_.bf16.key + (k0 - ws_.bf16.begin) * ws_.bf16.key_row, ws_.bf16.key_row, 1};
+    const int64_t pairs = PairsOf(p_.head_dim);
+    return {ws_.bf16.key + (k0 - ws_.bf16.begin) * pairs, pairs, 1};
   }
   // V: one value column a row, pairs of keys along it (Vᵀ) in the tiles' layout (k0 − begin
   // is a multiple of 16, so the pairs stay whole); else pairs across keys, transposed.
