@@ -136,12 +136,6 @@ bool f16_chains_fit(const TensorView& q, const TensorView& k, const TensorView& 
   return F16ChainsFit(max_abs_f16(q), max_abs_f16(k)) && F16ChainsFit(max_abs_f16(v), 1.0);
 }
 
-// The products a call computes (AttentionOptions::compute): bfloat16 ones only in the query
-// tiles, as the precision policy says (bf16_products); attend::Error for a precision this CPU
-// cannot compute.
-// Decoding shapes (the row groups) read half-precision K and V as they are, widening them as
-// they load: the same float32 arithmetic on half the bytes; the query tiles widen them once
-// per thread and batch index instead of a float32 copy of the whole operands.
 // Whether the grouped-query tiles take the rules of `options` (PacksGroupedQueries declines
 // the rest, which then run in the row groups).
 bool grouped_tiles_take(const AttentionOptions& options) {
@@ -149,6 +143,12 @@ bool grouped_tiles_take(const AttentionOptions& options) {
          options.dropout == 0.0 && !options.need_weights;
 }
 
+// The products a call computes (AttentionOptions::compute): bfloat16 ones only in the query
+// tiles (and the grouped-query tiles), as the precision policy says (bf16_products);
+// attend::Error for a precision this CPU cannot compute.
+// Decoding shapes (the row groups) read half-precision K and V as they are, widening them as
+// they load: the same float32 arithmetic on half the bytes; the query tiles widen them once
+// per thread and batch index instead of a float32 copy of the whole operands.
 // kv_group: query heads per K/V head (Problem::kv_group).
 OperandChoice choose_operands(const TensorView& query, const TensorView& value,
                               const AttentionOptions& options, bool for_backward,
