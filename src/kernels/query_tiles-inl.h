@@ -86,8 +86,8 @@ struct Bf16Operands {
   // K and V of keys [begin, begin + count) of the tile's batch index, packed (once per
   // thread and span; the tiles of one batch index reuse it). The grouped-query tiles read a
   // span once, and still copy K: the copy streams K in order, where the score blocks' 12
-  // rows 512 B apart would each wait on memory (reading K in place was 5–15 % slower on
-  // decode-verify4-bf16: BENCHMARKS.md).
+  // rows 512 B apart would each wait on memory (BENCHMARKS.md, "Speculative verification as
+  // compute tiles").
   void Pack(const SdpaParams& p, const uint16_t* key_rows, int64_t key_stride,
             const uint16_t* value_rows, int64_t value_stride, int64_t span_begin,
             int64_t span_count) {
