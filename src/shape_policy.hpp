@@ -135,7 +135,12 @@ inline bool FitsAmxTiles(int64_t key_len, int64_t head_dim, int64_t value_dim) {
 // in the row groups. Float32 K and V read in place, or half-precision K and V computed in
 // float32 (SdpaParams::half_kv) widened once per thread and K/V head as the query tiles widen
 // them (FitsPackedFloats), so that half-precision inputs keep giving the bits of the widened
-// ones; not through a block table, not int8 or fp8, not bfloat16 products. Only the rules that
+// ones; or bfloat16 products (vdpbf16ps, not AMX tiles) on bfloat16 Q, K and V packed per
+// thread and key span as the query tiles pack them (FitsPackedBf16), which the boundary
+// chooses for these shapes (GroupsQueryRows) where the precision policy gives the query tiles
+// bfloat16 products: 2·G·Lq FLOPs per 2-byte K/V element, 32 per byte at decode-verify4's
+// G·Lq = 32, past what float32 FMAs reach at memory speed; not through a block table, not
+// int8 or fp8, not float16 products. Only the rules that
 // depend on the query position and the head alone (causal, window, prefix, ALiBi, softcap,
 // sinks): not a mask, bias, documents, user rules, dropout or weights, which index per
 // (batch, query) pair the tiles' rule layer reads a tile at a time.
@@ -147,17 +152,21 @@ inline int64_t SharedKeyValueGroup(const SdpaParams& p) {
   const bool shared = p.key_strides.batch[last] == 0 && p.value_strides.batch[last] == 0;
   return shared ? p.batch_shape[last] : 1;
 }
+// The shape part: G query heads of Lq queries each on one K/V head make a grouped-query tile.
+inline bool GroupsQueryRows(int64_t group, int64_t query_len, int64_t lanes) {
+  return group >= 2 && RunsInRowGroups(query_len, lanes) &&
+         !RunsInRowGroups(group * query_len, lanes) && group * query_len >= kMinGroupedRows;
+}
 inline bool PacksGroupedQueries(const SdpaParams& p, int64_t lanes) {
-  const int64_t group = SharedKeyValueGroup(p);
-  if (group < 2 || !RunsInRowGroups(p.query_len, lanes) ||
-      RunsInRowGroups(group * p.query_len, lanes) || group * p.query_len < kMinGroupedRows) {
-    return false;
-  }
+  if (!GroupsQueryRows(SharedKeyValueGroup(p), p.query_len, lanes)) return false;
   const bool float32_in_place = p.key != nullptr && p.value != nullptr && !p.stored_kv();
   const bool half_widened = p.half_kv() && p.value_half != nullptr &&
                             FitsPackedFloats(p.key_len, p.head_dim, p.value_dim);
-  const bool operands = (float32_in_place || half_widened) && p.query != nullptr &&
-                        !p.half_products() && p.block_table == nullptr;
+  const bool float32_products =
+      (float32_in_place || half_widened) && p.query != nullptr && !p.half_products();
+  const bool bf16_pairs = p.bf16_products() && !p.amx_tiles && p.value_half != nullptr &&
+                          FitsPackedBf16(p.key_len, p.head_dim, p.value_dim);
+  const bool operands = (float32_products || bf16_pairs) && p.block_table == nullptr;
   const bool row_rules_only = p.mask == nullptr && p.bias == nullptr &&
                               p.segment_query == nullptr && p.user_rules == nullptr &&
                               p.dropout == 0.0f && p.weights == nullptr;

@@ -119,8 +119,13 @@ TEST(BenchCases, KnownNamesListEveryCaseOnceInTableOrder) {
 TEST(BenchCases, FlopsAndBytesByHand) {
   // unet: 4·(B·H)·Lq·Lk·E = 4·4·4096·4096·32.
   EXPECT_DOUBLE_EQ(find_bench_case("unet")->shape.flops(), 8589934592.0);
-  // s4-causal: half of 4·16·2048·2048·128.
-  EXPECT_DOUBLE_EQ(find_bench_case("s4-causal")->shape.flops(), 34359738368.0 / 2);
+  // s4-causal: 4·16·128 per visible score, 2048·2049/2 of them per head.
+  EXPECT_DOUBLE_EQ(find_bench_case("s4-causal")->shape.flops(), 4.0 * 16 * 128 * 2048 * 2049 / 2);
+  // decode-verify4: 4 causal queries, bottom-right aligned, see 8189..8192 of the 8192 keys:
+  // 4·32·128·(4·8192 − 6), nearly the full 4·32·4·8192·128, not half of it.
+  EXPECT_DOUBLE_EQ(find_bench_case("decode-verify4")->shape.flops(),
+                   4.0 * 32 * 128 * (4 * 8192 - 6));
+  EXPECT_DOUBLE_EQ(find_bench_case("decode-verify1")->shape.flops(), 4.0 * 32 * 128 * 8192);
   // decode reads K and V: 2·32·8192·128·4 bytes.
   EXPECT_DOUBLE_EQ(find_bench_case("decode")->shape.key_value_bytes(), 268435456.0);
   // Grouped-query: each of the 8 K/V heads once. Quantized caches: codes and scales as stored,

@@ -12,6 +12,7 @@
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/sdpa_backward.hpp"
+#include "cpu_features.hpp"
 #include "serving_support.hpp"
 #include "test_support.hpp"
 
@@ -140,6 +141,40 @@ TEST(GroupedQuery, GroupedTilesBitwiseIdenticalAtAnyThreadCount) {
       EXPECT_EQ(kernel.rfind("fused grouped-query tiles", 0), 0u) << kernel;
       EXPECT_EQ(kernel.find("key split") != std::string::npos, lk == 5000) << kernel;
     }
+    const AttentionResult one = scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
+    for (int threads : {2, 3}) {
+      options.num_threads = threads;
+      const AttentionResult many =
+          scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
+      EXPECT_TRUE(same_bits(one.output, many.output)) << threads << " threads, Lk " << lk;
+      EXPECT_TRUE(same_bits(one.logsumexp, many.logsumexp)) << threads << " threads, Lk " << lk;
+    }
+  }
+}
+
+// bfloat16 products in the grouped-query tiles (decode-verify4-bf16's path): bfloat16 Q, K and
+// V with the precision asked for, 32 packed rows per K/V head, causal with ALiBi and sinks,
+// over one span and over a key split; the kernel names the path, and any thread count gives
+// the same bits. Their error model (FlashAttention's bfloat16 rule) is checked against the
+// reference over the grid's kv_heads cases (tests/bf16_test.cc).
+TEST(GroupedQuery, GroupedTilesWithBf16ProductsBitwiseIdenticalAtAnyThreadCount) {
+  if (!detail::native_bf16_products()) GTEST_SKIP() << "no bfloat16 products on this target";
+  for (const int64_t lk : {300, 5000}) {
+    const Tensor q = random_tensor(Shape({2, 16, 4, 64}), 1, 1.0, DType::kBFloat16);
+    const Tensor k = random_tensor(Shape({2, 2, lk, 64}), 2, 1.0, DType::kBFloat16);
+    const Tensor v = random_tensor(Shape({2, 2, lk, 64}), 3, 1.0, DType::kBFloat16);
+    const Tensor slopes = random_tensor(Shape({16}), 4);
+    const Tensor sinks = random_tensor(Shape({16}), 5);
+    AttentionOptions options;
+    options.causal = true;
+    options.need_logsumexp = true;
+    options.alibi_slopes = slopes.view();
+    options.sinks = sinks.view();
+    options.compute = ComputePrecision::kBFloat16;
+    options.num_threads = 1;
+    const std::string kernel = attention_kernel(q.view(), k.view(), v.view(), options);
+    EXPECT_EQ(kernel.rfind("fused grouped-query tiles (bfloat16 products)", 0), 0u) << kernel;
+    EXPECT_EQ(kernel.find("key split") != std::string::npos, lk == 5000) << kernel;
     const AttentionResult one = scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
     for (int threads : {2, 3}) {
       options.num_threads = threads;

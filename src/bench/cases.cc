@@ -15,6 +15,8 @@
 #include "attend/spatial.hpp"
 #include "boundary/operands.hpp"
 #include "cpu_features.hpp"
+#include "score_rule_layer.hpp"
+#include "score_rules.hpp"
 
 namespace attend::bench {
 
@@ -38,17 +40,30 @@ std::vector<int64_t> document_starts(int64_t length, int64_t documents) {
   return starts;
 }
 
-// The keys query i sees: [first, last] (empty when first > last), from causal, the window
-// and its document, as attend::detail::visible_keys and the segment ids define them.
-std::pair<int64_t, int64_t> visible_range(const AttentionShape& s,
+// The case's positional rules (causal, the window; bottom-right aligned) as the kernels get
+// them: fill_positional_rules over the options the case runs with.
+detail::SdpaParams positional_rules(const AttentionShape& s) {
+  AttentionOptions options;
+  options.causal = s.causal;
+  if (s.rules.window_left >= 0) options.window = SlidingWindow{s.rules.window_left, 0};
+  detail::SdpaParams p;
+  p.query_len = s.query_len;
+  p.key_len = s.key_len;
+  detail::fill_positional_rules(p, options);
+  return p;
+}
+
+// The keys query i sees: [first, last] (empty when first > last), from the rule layer's
+// visible_keys (`rules`: positional_rules(s)) and its document (the segment ids set_rules
+// builds: the document of the query's aligned position).
+std::pair<int64_t, int64_t> visible_range(const detail::SdpaParams& rules,
                                           const std::vector<int64_t>& starts, int64_t i) {
-  const int64_t aligned = i + s.key_len - s.query_len;
-  int64_t first = 0, last = s.key_len - 1;
-  if (s.causal) last = std::min(last, aligned);
-  if (s.rules.window_left >= 0) first = std::max<int64_t>(first, aligned - s.rules.window_left);
+  const detail::VisibleKeys keys = detail::visible_keys(rules, i);
+  int64_t first = keys.first, last = keys.last;
   if (!starts.empty()) {
+    const int64_t aligned = i + rules.diagonal_offset;
     const auto next = std::upper_bound(starts.begin(), starts.end(),
-                                       std::clamp<int64_t>(aligned, 0, s.key_len - 1));
+                                       std::clamp<int64_t>(aligned, 0, rules.key_len - 1));
     first = std::max(first, *(next - 1));
     if (next != starts.end()) last = std::min(last, *next - 1);
   }
@@ -59,9 +74,10 @@ std::pair<int64_t, int64_t> visible_range(const AttentionShape& s,
 
 double AttentionShape::visible_scores() const {
   const std::vector<int64_t> starts = document_starts(key_len, rules.documents);
+  const detail::SdpaParams positional = positional_rules(*this);
   double count = 0;
   for (int64_t i = 0; i < query_len; ++i) {
-    const auto [first, last] = visible_range(*this, starts, i);
+    const auto [first, last] = visible_range(positional, starts, i);
     count += static_cast<double>(std::max<int64_t>(0, last - first + 1));
   }
   return count;
@@ -70,12 +86,13 @@ double AttentionShape::visible_scores() const {
 double AttentionShape::visited_fraction() const {
   constexpr int64_t kQueryTile = 64, kKeyTile = 128;
   const std::vector<int64_t> starts = document_starts(key_len, rules.documents);
+  const detail::SdpaParams positional = positional_rules(*this);
   const int64_t key_tiles = (key_len + kKeyTile - 1) / kKeyTile;
   int64_t visited = 0, total = 0;
   for (int64_t q0 = 0; q0 < query_len; q0 += kQueryTile) {
     std::vector<char> seen(static_cast<size_t>(key_tiles), 0);
     for (int64_t i = q0; i < std::min(query_len, q0 + kQueryTile); ++i) {
-      const auto [first, last] = visible_range(*this, starts, i);
+      const auto [first, last] = visible_range(positional, starts, i);
       for (int64_t t = first / kKeyTile; first <= last && t <= last / kKeyTile; ++t) {
         seen[static_cast<size_t>(t)] = 1;
       }
@@ -87,7 +104,7 @@ double AttentionShape::visited_fraction() const {
 }
 
 double AttentionShape::flops() const {
-  if (rules.window_left < 0 && rules.documents == 0) {
+  if (!causal && rules.window_left < 0 && rules.documents == 0) {
     return attention_flops(batch * heads, query_len, key_len, head_dim, head_dim, causal);
   }
   return 4.0 * static_cast<double>(batch * heads * head_dim) * visible_scores();
@@ -362,6 +379,34 @@ const std::vector<BenchCase>& bench_cases() {
                  .kv_heads = 4},
        .target = {TargetKind::kNone, 0},
        .summary = "decode-verify4's problem with one query (its time is verify4's yardstick)"},
+      // bfloat16 K/V (and queries): with the default precision, bfloat16 products where the
+      // CPU has AVX512_BF16 and the policy picks them (AMD): verify4's 32 rows per K/V head
+      // run as a grouped-query tile on vdpbf16ps (its float32 form is bound by the FMA peak:
+      // BENCHMARKS.md "Speculative verification as compute tiles"); verify1's 8 rows stay in
+      // the row groups, float32 products on the widened K/V. Target: verify4 within 1.3x
+      // verify1's time (speedup over decode-verify1-bf16 >= 0.77 = 1/1.3).
+      {.name = "decode-verify1-bf16",
+       .shape = {.heads = 32,
+                 .query_len = 1,
+                 .key_len = 8192,
+                 .head_dim = 128,
+                 .causal = true,
+                 .dtype = DType::kBFloat16,
+                 .kv_heads = 4},
+       .target = {TargetKind::kNone, 0},
+       .summary = "decode-verify1 with bfloat16 Q, K, V (half the K/V bytes)",
+       .baseline = "decode-verify1"},
+      {.name = "decode-verify4-bf16",
+       .shape = {.heads = 32,
+                 .query_len = 4,
+                 .key_len = 8192,
+                 .head_dim = 128,
+                 .causal = true,
+                 .dtype = DType::kBFloat16,
+                 .kv_heads = 4},
+       .target = {TargetKind::kMinSpeedup, 0.77},
+       .summary = "decode-verify4 with bfloat16 Q, K, V: grouped-query tile on bfloat16 products",
+       .baseline = "decode-verify1-bf16"},
       {.name = "decode-batch",
        .shape = {.heads = 32, .key_len = 8192, .head_dim = 128, .causal = true, .kv_heads = 4},
        .workload = Workload::kPagedDecode,
@@ -546,8 +591,9 @@ void set_rules(const AttentionShape& s, RuleInputs& r) {
   if (s.rules.as_mask) {
     // (Lq, Lk): what visible_range lets through, broadcast over batch and heads.
     r.mask = Tensor::zeros(DType::kBool, Shape{s.query_len, s.key_len});
+    const detail::SdpaParams positional = positional_rules(s);
     for (int64_t i = 0; i < s.query_len; ++i) {
-      const auto [first, last] = visible_range(s, starts, i);
+      const auto [first, last] = visible_range(positional, starts, i);
       for (int64_t j = first; j <= last; ++j) r.mask.data_as<uint8_t>()[i * s.key_len + j] = 1;
     }
     o.mask = r.mask.view();

@@ -47,8 +47,9 @@ struct AttentionShape {
   ComputePrecision compute = ComputePrecision::kAuto;
   bool has_rules() const;
 
-  // attend::attention_flops(batch·heads, Lq, Lk, E, E, causal): the shared formula; with
-  // rules, 4·B·H·E·(visible scores) (what the rules let through, counted exactly).
+  // attend::attention_flops(batch·heads, Lq, Lk, E, E, false) without positional or document
+  // rules; with causal, a window or documents, 4·B·H·E·(visible scores): what the rules let
+  // through, counted exactly (Lq 4 causal against 8192 keys sees nearly every score, not half).
   double flops() const;
   // Scores that take part in the softmax, per (batch, head).
   double visible_scores() const;

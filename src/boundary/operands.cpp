@@ -136,14 +136,23 @@ bool f16_chains_fit(const TensorView& q, const TensorView& k, const TensorView& 
   return F16ChainsFit(max_abs_f16(q), max_abs_f16(k)) && F16ChainsFit(max_abs_f16(v), 1.0);
 }
 
+// Whether the grouped-query tiles take the rules of `options` (PacksGroupedQueries declines
+// the rest, which then run in the row groups).
+bool grouped_tiles_take(const AttentionOptions& options) {
+  return !options.mask && !options.bias && !options.segment_ids_query && !options.user_rules &&
+         options.dropout == 0.0 && !options.need_weights;
+}
+
 // The products a call computes (AttentionOptions::compute): bfloat16 ones only in the query
-// tiles, as the precision policy says (bf16_products); attend::Error for a precision this CPU
-// cannot compute.
+// tiles (and the grouped-query tiles), as the precision policy says (bf16_products);
+// attend::Error for a precision this CPU cannot compute.
 // Decoding shapes (the row groups) read half-precision K and V as they are, widening them as
 // they load: the same float32 arithmetic on half the bytes; the query tiles widen them once
 // per thread and batch index instead of a float32 copy of the whole operands.
+// kv_group: query heads per K/V head (Problem::kv_group).
 OperandChoice choose_operands(const TensorView& query, const TensorView& value,
-                              const AttentionOptions& options, bool for_backward) {
+                              const AttentionOptions& options, bool for_backward,
+                              int64_t kv_group) {
   const int64_t key_len = value.shape.back(1), head_dim = query.shape.back(0);
   const int64_t value_dim = value.shape.back(0);
   // The query tiles' AMX operands fit (FitsAmxTiles), or the products take the policy's
@@ -168,6 +177,14 @@ OperandChoice choose_operands(const TensorView& query, const TensorView& value,
     return widened_f16(rows, key_len, head_dim, value_dim);
   }
   if (rows) {
+    // The G·Lq rows of a K/V head as one grouped-query tile (shape_policy.hpp, 5.): bfloat16
+    // products there where the policy gives them to the query tiles on AVX512_BF16 (or they
+    // are asked for), the same error model as the query tiles' (tests/bf16_test.cc).
+    if ((requested || path == Bf16Products::kAvx512Bf16) &&
+        GroupsQueryRows(kv_group, query.shape.back(1), fused_lanes()) &&
+        FitsPackedBf16(key_len, head_dim, value_dim) && grouped_tiles_take(options)) {
+      return {Products::kHalfProducts, DType::kBFloat16};
+    }
     if (requested) return {Products::kHalfKeysValues, DType::kBFloat16};
     if (options.compute != ComputePrecision::kAuto) return {};
     if (query.dtype == DType::kBFloat16) return {Products::kHalfKeysValues, DType::kBFloat16};
@@ -201,7 +218,7 @@ SdpaParams make_params(const TensorView& query, const TensorView& key, const Ten
                        const Problem& problem, const AttentionOptions& options,
                        KernelInputs& storage, bool for_backward, bool half_queries) {
   const int batch_rank = query.rank() - 2;
-  OperandChoice choice = choose_operands(query, value, options, for_backward);
+  OperandChoice choice = choose_operands(query, value, options, for_backward, problem.kv_group);
   // kBFloat16 or kFloat16 asked: every operand rounded to that precision, whatever the kernel.
   const DType rounding = options.compute == ComputePrecision::kBFloat16 ? DType::kBFloat16
                          : options.compute == ComputePrecision::kFloat16 ? DType::kFloat16

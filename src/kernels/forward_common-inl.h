@@ -208,12 +208,17 @@ inline TileRow TileRowOf(const Tile& tile, int64_t r) {
   return {tile.batch + packed.member, packed.query};
 }
 
-// Query row r of a tile (float32 queries): its batch index's row, the group's members being
-// consecutive batch indices of the last batch dimension.
-inline const float* QueryRowOf(const SdpaParams& p, const Tile& tile, int64_t r) {
+// Query row r of a tile in the queries at `base` (the tile's batch index's base pointer of
+// any query operand: float32, bfloat16 pairs' source, widened half): its batch index's row,
+// the group's members being consecutive batch indices of the last batch dimension.
+template <class T>
+inline const T* QueryRowOf(const SdpaParams& p, const Tile& tile, const T* base, int64_t r) {
   const TileRow row = TileRowOf(tile, r);
-  return tile.query + (row.batch - tile.batch) * p.query_strides.batch[kMaxBatchRank - 1] +
+  return base + (row.batch - tile.batch) * p.query_strides.batch[kMaxBatchRank - 1] +
          row.query * p.query_strides.row;
+}
+inline const float* QueryRowOf(const SdpaParams& p, const Tile& tile, int64_t r) {
+  return QueryRowOf(p, tile, tile.query, r);
 }
 
 // Multiply-adds of one forward call: B·Lq·Lk·(E + Ev).

@@ -166,7 +166,9 @@ void RunAllTiles(const SdpaParams& p) {
 // thread's widened copy of the K/V head, PackKeysAndValues). Every row goes through the merge
 // (RunItems' `merged`), which writes it to its own head's output and log-sum-exp.
 //   item = group index · tiles_per_group + tile; tile t holds packed rows [t·Tq, t·Tq + Tq).
-template <int QV>
+// Products: void (float32 products) or Avx512Bf16 (bfloat16 Q, K and V; K and V packed as
+// pairs once per thread and key span, as the query tiles pack them: Bf16Operands::Pack).
+template <int QV, class Products>
 void RunGroupedTiles(const SdpaParams& p, int64_t group) {
   constexpr int64_t tq = QV * kLanes;
   const int64_t packed_rows = group * p.query_len;
@@ -177,8 +179,13 @@ void RunGroupedTiles(const SdpaParams& p, int64_t group) {
         const int64_t r0 = (item % tiles_per_group) * tq;
         Tile tile = MakeTile(p, item / tiles_per_group * group, r0, std::min(tq, packed_rows - r0));
         tile.group = group;
-        if (p.half_kv()) PackKeysAndValues(p, ws.packed, tile);  // widened once per thread
-        TileAttention<QV>(p, ws).Run(tile, span);
+        if constexpr (!std::is_void_v<Products>) {
+          ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
+                       span.begin, span.count);
+        } else if (p.half_kv()) {
+          PackKeysAndValues(p, ws.packed, tile);  // widened once per thread
+        }
+        TileAttention<QV, Products>(p, ws).Run(tile, span);
       },
       [&](int64_t item, int64_t r, int64_t& batch, int64_t& query) {
         const int64_t row = (item % tiles_per_group) * tq + r;
@@ -191,14 +198,27 @@ void RunGroupedTiles(const SdpaParams& p, int64_t group) {
       1, true);
 }
 
+// Grouped-query tiles of TileVectors(G·Lq) vectors.
+template <class Products>
+void RunGroupedTilesOfHeight(const SdpaParams& p) {
+  const int64_t group = SharedKeyValueGroup(p);
+  const int64_t vectors = TileVectors(group * p.query_len, kLanes);
+  if (vectors == 4) return RunGroupedTiles<4, Products>(p, group);
+  if (vectors == 3) return RunGroupedTiles<3, Products>(p, group);
+  if (vectors == 2) return RunGroupedTiles<2, Products>(p, group);
+  return RunGroupedTiles<1, Products>(p, group);
+}
+
 void FusedSdpaRows(const SdpaParams& p) {
   if (PacksGroupedQueries(p, kLanes)) {
-    const int64_t group = SharedKeyValueGroup(p);
-    const int64_t vectors = TileVectors(group * p.query_len, kLanes);
-    if (vectors == 4) return RunGroupedTiles<4>(p, group);
-    if (vectors == 3) return RunGroupedTiles<3>(p, group);
-    if (vectors == 2) return RunGroupedTiles<2>(p, group);
-    return RunGroupedTiles<1>(p, group);
+    if (p.bf16_products()) {
+#if ATTEND_AVX512_BF16
+      return RunGroupedTilesOfHeight<Avx512Bf16>(p);
+#else
+      HWY_ABORT("bfloat16 products on a target without AVX512_BF16");
+#endif
+    }
+    return RunGroupedTilesOfHeight<void>(p);
   }
   RunAllRows(p);
 }
@@ -270,7 +290,9 @@ HWY_EXPORT(FusedLanes);
 HWY_EXPORT(PlanFused);
 
 const char* fused_sdpa_rows_rejects(const SdpaParams& params) {
-  if (params.half_products()) return "bfloat16 and float16 products run in query tiles";
+  if (params.half_products() && !PacksGroupedQueries(params, ATTEND_DISPATCH(FusedLanes)())) {
+    return "bfloat16 and float16 products run in query tiles";
+  }
   // K and V only the row groups read (a block table, a format the tiles do not widen): any Lq.
   if (params.block_table != nullptr || (params.stored_kv() && !params.half_kv())) return nullptr;
   if (RunsInRowGroups(params.query_len, ATTEND_DISPATCH(FusedLanes)())) return nullptr;

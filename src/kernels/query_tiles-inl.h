@@ -84,7 +84,10 @@ struct Bf16Operands {
   }
 
   // K and V of keys [begin, begin + count) of the tile's batch index, packed (once per
-  // thread and span; the tiles of one batch index reuse it).
+  // thread and span; the tiles of one batch index reuse it). The grouped-query tiles read a
+  // span once, and still copy K: the copy streams K in order, where the score blocks' 12
+  // rows 512 B apart would each wait on memory (BENCHMARKS.md, "Speculative verification as
+  // compute tiles").
   void Pack(const SdpaParams& p, const uint16_t* key_rows, int64_t key_stride,
             const uint16_t* value_rows, int64_t value_stride, int64_t span_begin,
             int64_t span_count) {
@@ -112,14 +115,14 @@ struct Bf16Operands {
   }
 };
 
-// query_pairs[e2][r] = (Q[q0 + r][2·e2], Q[q0 + r][2·e2 + 1]) for rows r < rows (the rest
-// zero), unscaled: the scale is applied to the float32 scores.
-inline void LoadQueryPairs(const SdpaParams& p, const uint16_t* query_rows, int64_t q0,
-                           int64_t rows, int64_t tq, uint32_t* HWY_RESTRICT query_pairs) {
+// query_pairs[e2][r] = (Q_r[2·e2], Q_r[2·e2 + 1]) for rows r < rows (the rest zero), Q_r
+// the bfloat16 query row row_of(r) points at, unscaled: the scale is applied to the float32
+// scores.
+template <class RowOf>
+inline void LoadQueryPairs(const SdpaParams& p, const RowOf& row_of, int64_t rows, int64_t tq,
+                           uint32_t* HWY_RESTRICT query_pairs) {
   const int64_t e2 = PairsOf(p.head_dim);
-  for (int64_t r = 0; r < rows; ++r) {
-    HalfPairsAlongRow(query_rows + (q0 + r) * p.query_strides.row, p.head_dim, query_pairs + r, tq);
-  }
+  for (int64_t r = 0; r < rows; ++r) HalfPairsAlongRow(row_of(r), p.head_dim, query_pairs + r, tq);
   for (int64_t i = 0; i < e2; ++i)
     std::fill(query_pairs + i * tq + rows, query_pairs + (i + 1) * tq, 0u);
 }
@@ -376,6 +379,7 @@ class TileAttention {
     const int64_t span_end = span.begin + span.count;
     const VisibleKeys last_row = visible_keys(p_, TileRowOf(tile, tile.rows - 1).query);
     const int64_t key_end = std::clamp<int64_t>(last_row.reach(), 0, span_end);
+    if (!kPairs && tile.group > 1 && !p_.half_kv()) prefetch_end_ = key_end;
     // The sink joins the first chunk's denominator as a key of score sink_h with no value.
     const bool sink = p_.sinks != nullptr && span.begin == 0;
     std::fill_n(ws_.row_max.get(), kTq,
@@ -464,7 +468,8 @@ class TileAttention {
     const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
     if constexpr (kPairs) {
       score_factor_ = factor;
-      LoadQueryPairs(p_, tile.query_half, tile.first_query, tile.rows, kTq, QueryPairs());
+      const auto row_of = [&](int64_t r) { return QueryRowOf(p_, tile, tile.query_half, r); };
+      LoadQueryPairs(p_, row_of, tile.rows, kTq, QueryPairs());
       return;
     }
     if (tile.query_widened != nullptr) {
@@ -507,13 +512,7 @@ class TileAttention {
   // the bits a float32 copy of the queries would give.
   template <class Half>
   void LoadHalfQueries(const Tile& tile, float factor) {
-    // Query row r of the tile, as QueryRowOf finds it.
-    const auto row_of = [&](int64_t r) {
-      const TileRow row = TileRowOf(tile, r);
-      return tile.query_widened +
-             (row.batch - tile.batch) * p_.query_strides.batch[kMaxBatchRank - 1] +
-             row.query * p_.query_strides.row;
-    };
+    const auto row_of = [&](int64_t r) { return QueryRowOf(p_, tile, tile.query_widened, r); };
     float* query_t = ws_.query_t.get();
 #if ATTEND_BLOCK_SHUFFLES
     if (p_.head_dim % kLanes == 0) {
@@ -596,10 +595,12 @@ class TileAttention {
     float* score_t = ws_.score_t.get();
     int64_t j = 0;
     for (; j + kScoreKeys <= keys; j += kScoreKeys) {
+      if (prefetch_end_ > 0) PrefetchRows(tile, k0 + j, kScoreKeys);
       ScoreBlock<QV, kScoreKeys>(ws_.query_t.get(), key + j * key_stride, key_stride, p_.head_dim,
                                  score_t + j * kTq, score_max);
     }
     const auto block = [&](auto keys_tag) {
+      if (prefetch_end_ > 0) PrefetchRows(tile, k0 + j, decltype(keys_tag)::value);
       ScoreBlock<QV, decltype(keys_tag)::value>(ws_.query_t.get(), key + j * key_stride, key_stride,
                                                 p_.head_dim, score_t + j * kTq, score_max);
     };
@@ -615,6 +616,20 @@ class TileAttention {
       if (keys - j == 2) return block(std::integral_constant<int, 2>{});
     }
     for (; j < keys; ++j) block(std::integral_constant<int, 1>{});
+  }
+
+  // Prefetches into L2 the K and V rows of keys [j, j + count) + kKeyTile (the next key tile's,
+  // below prefetch_end_) while key tile j's products run: 128 KiB of K and V a tile at
+  // E = Ev = 128, which L1 would not hold beside the current tile's (locality 2: L2).
+  void PrefetchRows(const Tile& tile, int64_t j, int64_t count) {
+    const int64_t key_bytes = p_.head_dim * static_cast<int64_t>(sizeof(float));
+    const int64_t value_bytes = p_.value_dim * static_cast<int64_t>(sizeof(float));
+    for (int64_t c = j + kKeyTile; c < std::min(j + count + kKeyTile, prefetch_end_); ++c) {
+      const char* k = reinterpret_cast<const char*>(tile.key + c * tile.key_stride);
+      const char* v = reinterpret_cast<const char*>(tile.value + c * tile.value_stride);
+      for (int64_t o = 0; o < key_bytes; o += 64) __builtin_prefetch(k + o, 0, 2);
+      for (int64_t o = 0; o < value_bytes; o += 64) __builtin_prefetch(v + o, 0, 2);
+    }
   }
 
   // The same with bfloat16 products: K from the span packed in ws_.bf16 (ws_.amx), the scale
@@ -939,6 +954,11 @@ class TileAttention {
 
   const SdpaParams& p_;
   Workspace& ws_;
+  // Float32 grouped-query tiles (tile.group > 1) read each K/V row of their span once, from
+  // memory (one tile per K/V head and span): ComputeScoresF32 prefetches ahead (PrefetchRows)
+  // up to this key, the end of the keys Run visits; 0 (no prefetches) for the other tiles,
+  // whose K/V the tiles of a batch index share from cache.
+  int64_t prefetch_end_ = 0;
   float score_factor_ = 1.0f;  // bfloat16 products: scale (·log2 e) applied to the scores
   bool fold_scale_ = false;    // bfloat16 products: score_factor_ applied in SoftmaxStep
 };

@@ -443,8 +443,8 @@ void print_table(const std::vector<CaseResult>& results, const Probes& probes) {
     std::printf("%s\n", line.c_str());
   }
   std::printf(
-      "FLOPs: attend::attention_flops (4*B*H*Lq*Lk*E, halved when causal), or 4*B*H*E per "
-      "visible score for windows and documents, 2.5x that for the *-bwd cases; %%peak: of the FMA "
+      "FLOPs: attend::attention_flops (4*B*H*Lq*Lk*E), or 4*B*H*E per visible score with "
+      "causal, windows and documents (exact for any Lq, Lk), 2.5x that for the *-bwd cases; %%peak: of the FMA "
       "peak at the case's thread count; %% of read: of the read bandwidth at that count (both "
       "measured in this run, as are the targets' shares). unet peak RSS includes the inputs. "
       "Reduced precision (*-bf16, *-fp16): Nx BASE is the float32 case's time in this run over "
