@@ -6,6 +6,11 @@ attend_python, see python/CMakeLists.txt) and setuptools installs it with python
 --no-build-isolation: pip then uses the installed setuptools and wheel (Debian's
 python3-setuptools, python3-wheel) instead of downloading them. Needs what the CMake build
 needs (scripts/install-deps.sh). ATTEND_CMAKE_ARGS adds CMake arguments.
+
+ATTEND_BUILD_DIR=<a configured CMake build tree of this source> packages that tree's module
+instead: `cmake --build <tree> --target attend_python` (nothing to do when it is up to date),
+then its python/attend/_attend*.so goes into the wheel (test_packaging.py builds the wheel this
+way; scripts/wheel_check.sh builds it from nothing).
 """
 
 import os
@@ -31,8 +36,25 @@ class CMakeExtension(Extension):
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
-        build = pathlib.Path(self.build_temp).resolve() / "cmake"
         target = pathlib.Path(self.get_ext_fullpath(ext.name)).resolve()
+        existing = os.environ.get("ATTEND_BUILD_DIR")
+        if existing:
+            build = pathlib.Path(existing).resolve()
+            if not (build / "CMakeCache.txt").is_file():
+                raise RuntimeError(f"ATTEND_BUILD_DIR={existing}: not a configured CMake build "
+                                   "tree (no CMakeCache.txt)")
+        else:
+            build = pathlib.Path(self.build_temp).resolve() / "cmake"
+            self.configure(build)
+        subprocess.check_call(["cmake", "--build", str(build), "--target", "attend_python"])
+        built = build / "python" / "attend" / target.name
+        if not built.is_file():
+            raise RuntimeError(f"{built} was not built (the build tree's Python is not "
+                               f"{sys.executable}?)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built, target)
+
+    def configure(self, build):
         configure = ["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
                      "-DATTEND_BUILD_PYTHON=ON", "-DATTEND_BUILD_TESTS=OFF",
                      "-DATTEND_BUILD_TOOLS=OFF", "-DATTEND_BUILD_BENCH=OFF",
@@ -41,10 +63,16 @@ class CMakeBuild(build_ext):
             configure += ["-G", "Ninja"]
         configure += shlex.split(os.environ.get("ATTEND_CMAKE_ARGS", ""))
         subprocess.check_call(configure)
-        subprocess.check_call(["cmake", "--build", str(build), "--target", "attend_python"])
-        built = build / "python" / "attend" / target.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(built, target)
+
+
+# build/ is CMake's. With ATTEND_BUILD_DIR setuptools' own files go into that tree too, so
+# that packaging a built tree writes nothing into the sources.
+if os.environ.get("ATTEND_BUILD_DIR"):
+    _PIP_DIR = pathlib.Path(os.environ["ATTEND_BUILD_DIR"]).resolve() / "pip"
+    _PIP_DIR.mkdir(parents=True, exist_ok=True)
+    SETUP_OPTIONS = {"build": {"build_base": str(_PIP_DIR)}, "egg_info": {"egg_base": str(_PIP_DIR)}}
+else:
+    SETUP_OPTIONS = {"build": {"build_base": "build-pip"}}
 
 
 setup(
@@ -58,6 +86,6 @@ setup(
     cmdclass={"build_ext": CMakeBuild},
     python_requires=">=3.9",
     install_requires=["numpy"],
-    options={"build": {"build_base": "build-pip"}},  # build/ is CMake's
+    options=SETUP_OPTIONS,
     zip_safe=False,
 )

@@ -20,7 +20,8 @@ struct TorchApi {
   PyTypeObject* tensor_type = nullptr;
   py::object from_dlpack;
   std::vector<std::pair<py::object, DType>> dtypes;  // torch.float32 -> kFloat32, ...
-  py::object is_cpu, data_ptr, shape, stride, dtype, device, requires_grad;  // interned names
+  py::object is_cpu, data_ptr, shape, stride, is_contiguous, dtype, device,
+      requires_grad;  // interned names
   py::object is_grad_enabled;
   // torch.Tensor and nn.Parameter override none of these: their C functions on
   // torch._C._TensorBase, called directly for those two types (no attribute lookup, no
@@ -28,7 +29,7 @@ struct TorchApi {
   PyTypeObject* parameter_type = nullptr;
   PyGetSetDef *base_is_cpu = nullptr, *base_shape = nullptr, *base_dtype = nullptr,
               *base_requires_grad = nullptr;
-  PyMethodDef *base_data_ptr = nullptr, *base_stride = nullptr;
+  PyMethodDef *base_data_ptr = nullptr, *base_stride = nullptr, *base_is_contiguous = nullptr;
   bool descriptors = false;  // found
 };
 
@@ -71,6 +72,7 @@ const TorchApi* torch_api() {
   for (const auto& [name, dtype] : names) a->dtypes.emplace_back(module.attr(name), dtype);
   for (auto [field, name] : {std::pair{&a->is_cpu, "is_cpu"}, std::pair{&a->data_ptr, "data_ptr"},
                              std::pair{&a->shape, "shape"}, std::pair{&a->stride, "stride"},
+                             std::pair{&a->is_contiguous, "is_contiguous"},
                              std::pair{&a->dtype, "dtype"}, std::pair{&a->device, "device"},
                              std::pair{&a->requires_grad, "requires_grad"}}) {
     *field = py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name));
@@ -88,8 +90,9 @@ const TorchApi* torch_api() {
     a->base_requires_grad = getset_of(base["requires_grad"]);
     a->base_data_ptr = method_of(base["data_ptr"]);
     a->base_stride = method_of(base["stride"]);
+    a->base_is_contiguous = method_of(base["is_contiguous"]);
     a->descriptors = a->base_is_cpu && a->base_shape && a->base_dtype && a->base_requires_grad &&
-                     a->base_data_ptr && a->base_stride;
+                     a->base_data_ptr && a->base_stride && a->base_is_contiguous;
   }
   api = a;
   return api;
@@ -137,11 +140,12 @@ std::optional<DType> dtype_of(const TorchApi& torch, PyObject* dtype_object) {
   return std::nullopt;
 }
 
-// A torch tensor read through data_ptr(), shape, stride() and dtype: the fields its DLPack
-// export carries, without the as_strided view torch.utils.dlpack.to_dlpack makes per call
-// (0.45 us per tensor, most of the overhead budget of a small call). For torch.Tensor and
-// nn.Parameter the five reads are the C functions of torch._C._TensorBase, chosen once per
-// tensor; the shape and strides go into the view's dimensions in one copy each.
+// A torch tensor read through is_cpu, dtype, shape, is_contiguous() (stride() where it is
+// not), data_ptr(): the fields its DLPack export carries, without the as_strided view
+// torch.utils.dlpack.to_dlpack makes per call (0.45 us per tensor, most of the overhead budget
+// of a small call). For torch.Tensor and nn.Parameter the reads are the C functions of
+// torch._C._TensorBase, chosen once per tensor; the shape and strides go into the view's
+// dimensions in one copy each.
 attend::TensorView view_of_torch(py::handle tensor, const char* name) {
   const TorchApi& torch = *torch_api();
   const bool direct = exact(tensor, torch);
@@ -180,15 +184,30 @@ attend::TensorView view_of_torch(py::handle tensor, const char* name) {
     }
     return d;
   }();
+  // A contiguous tensor (is_contiguous(): every dimension of size > 1 has the row-major
+  // stride) gets the row-major strides computed from its shape, torch's contiguous strides:
+  // stride[d] = prod(max(shape[j], 1), j > d). is_contiguous() builds no tuple and parses less
+  // than stride(), which only non-contiguous tensors pay. The two differ only in the strides
+  // of dimensions of size 1, which address nothing.
   int64_t dims[Shape::kMaxRank], steps[Shape::kMaxRank];
   Py_ssize_t rank;
   {
-    const py::object strides_object = call(torch.stride, torch.base_stride);  // not sparse
     const py::object shape_object = get(torch.shape, torch.base_shape);
     rank = PyTuple_GET_SIZE(shape_object.ptr());
     check_rank(static_cast<int>(rank), name);
     for (Py_ssize_t d = 0; d < rank; ++d) {
       dims[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape_object.ptr(), d));
+    }
+  }
+  if (call(torch.is_contiguous, torch.base_is_contiguous).ptr() == Py_True) {
+    int64_t step = 1;
+    for (Py_ssize_t d = rank - 1; d >= 0; --d) {
+      steps[d] = step;
+      step *= dims[d] > 1 ? dims[d] : 1;
+    }
+  } else {
+    const py::object strides_object = call(torch.stride, torch.base_stride);  // not sparse
+    for (Py_ssize_t d = 0; d < rank; ++d) {
       steps[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides_object.ptr(), d));
     }
   }

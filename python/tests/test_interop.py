@@ -254,6 +254,26 @@ def test_the_comparison_can_fail(generator):
         assert_close(perturbed, expected, tolerance)
 
 
+def test_a_contiguous_torch_tensor_gets_row_major_strides(generator):
+    """A torch tensor that is_contiguous() is read with the row-major strides of its shape
+    (without calling stride()); torch calls a tensor contiguous whatever the strides of its
+    dimensions of size 1, which address nothing: the view may differ from stride() there
+    only, and the results are the same bits as on a fresh contiguous copy."""
+    base = random(generator, 2, 1, 3, 8)
+    stray = base.transpose(0, 1)  # (1, 2, 3, 8), strides (24, 24, 8, 1): contiguous
+    assert stray.is_contiguous() and stray.stride()[0] != 48
+    _, shape, strides, _, _ = _attend.view_of(stray, False)
+    assert tuple(shape) == (1, 2, 3, 8) and strides == [48, 24, 8, 1]
+    assert _attend.view_of(base, False)[2] == list(base.stride())
+    copy = stray.contiguous()
+    for q in (stray, copy):
+        assert torch.equal(attend.scaled_dot_product_attention(q, q, q),
+                           attend.scaled_dot_product_attention(copy, copy, copy))
+    # zero elements and size-1 trailing dimensions: torch's contiguous strides
+    for t in (torch.empty(0, 3), torch.empty(2, 0, 4), torch.empty(3, 1), torch.empty(1, 1)):
+        assert _attend.view_of(t, False)[2] == list(t.contiguous().stride()), t.shape
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
 def test_every_protocol_reads_an_array_alike(generator, dtype):
     """An ndarray read from its fields, the same memory through the buffer protocol
