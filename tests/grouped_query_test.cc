@@ -122,11 +122,16 @@ TEST(GroupedQuery, RefusesHeadsThatDoNotDivide) {
 // The grouped-query tiles (G·Lq rows of a K/V head as one query tile): chosen where the
 // shape policy says, bitwise the same at any thread count, with and without the key split,
 // with the rules that read the query position and the head.
-TEST(GroupedQuery, GroupedTilesBitwiseIdenticalAtAnyThreadCount) {
+// 32 packed rows per K/V head (16 query heads on 2 K/V heads, 4 queries each), causal with
+// ALiBi and sinks, over one span (Lk 300) and over a key split (Lk 5000): where `expect_tiles`,
+// the kernel named `kernel_prefix` runs, and any thread count gives the same bits.
+void ExpectGroupedTilesBitwiseAtAnyThreadCount(DType dtype, ComputePrecision compute,
+                                               const std::string& kernel_prefix,
+                                               bool expect_tiles) {
   for (const int64_t lk : {300, 5000}) {
-    const Tensor q = random_tensor(Shape({2, 16, 4, 64}), 1);
-    const Tensor k = random_tensor(Shape({2, 2, lk, 64}), 2);
-    const Tensor v = random_tensor(Shape({2, 2, lk, 64}), 3);
+    const Tensor q = random_tensor(Shape({2, 16, 4, 64}), 1, 1.0, dtype);
+    const Tensor k = random_tensor(Shape({2, 2, lk, 64}), 2, 1.0, dtype);
+    const Tensor v = random_tensor(Shape({2, 2, lk, 64}), 3, 1.0, dtype);
     const Tensor slopes = random_tensor(Shape({16}), 4);
     const Tensor sinks = random_tensor(Shape({16}), 5);
     AttentionOptions options;
@@ -134,11 +139,11 @@ TEST(GroupedQuery, GroupedTilesBitwiseIdenticalAtAnyThreadCount) {
     options.need_logsumexp = true;
     options.alibi_slopes = slopes.view();
     options.sinks = sinks.view();
+    options.compute = compute;
     options.num_threads = 1;
     const std::string kernel = attention_kernel(q.view(), k.view(), v.view(), options);
-    // 32 packed rows: a grouped-query tile wherever the row groups run (AVX2 and up).
-    if (active_simd_target().rfind("AVX", 0) == 0) {
-      EXPECT_EQ(kernel.rfind("fused grouped-query tiles", 0), 0u) << kernel;
+    if (expect_tiles) {
+      EXPECT_EQ(kernel.rfind(kernel_prefix, 0), 0u) << kernel;
       EXPECT_EQ(kernel.find("key split") != std::string::npos, lk == 5000) << kernel;
     }
     const AttentionResult one = scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
@@ -152,38 +157,20 @@ TEST(GroupedQuery, GroupedTilesBitwiseIdenticalAtAnyThreadCount) {
   }
 }
 
-// bfloat16 products in the grouped-query tiles (decode-verify4-bf16's path): bfloat16 Q, K and
-// V with the precision asked for, 32 packed rows per K/V head, causal with ALiBi and sinks,
-// over one span and over a key split; the kernel names the path, and any thread count gives
-// the same bits. Their error model (FlashAttention's bfloat16 rule) is checked against the
-// reference over the grid's kv_heads cases (tests/bf16_test.cc).
+// float32: a grouped-query tile wherever the row groups run (AVX2 and up).
+TEST(GroupedQuery, GroupedTilesBitwiseIdenticalAtAnyThreadCount) {
+  ExpectGroupedTilesBitwiseAtAnyThreadCount(DType::kFloat32, ComputePrecision::kAuto,
+                                            "fused grouped-query tiles",
+                                            active_simd_target().rfind("AVX", 0) == 0);
+}
+
+// bfloat16 products in the grouped-query tiles (decode-verify4-bf16's path), bfloat16 Q, K and
+// V with the precision asked for. Their error model (FlashAttention's bfloat16 rule) is checked
+// against the reference over the grid's kv_heads cases (tests/bf16_test.cc).
 TEST(GroupedQuery, GroupedTilesWithBf16ProductsBitwiseIdenticalAtAnyThreadCount) {
   if (!detail::native_bf16_products()) GTEST_SKIP() << "no bfloat16 products on this target";
-  for (const int64_t lk : {300, 5000}) {
-    const Tensor q = random_tensor(Shape({2, 16, 4, 64}), 1, 1.0, DType::kBFloat16);
-    const Tensor k = random_tensor(Shape({2, 2, lk, 64}), 2, 1.0, DType::kBFloat16);
-    const Tensor v = random_tensor(Shape({2, 2, lk, 64}), 3, 1.0, DType::kBFloat16);
-    const Tensor slopes = random_tensor(Shape({16}), 4);
-    const Tensor sinks = random_tensor(Shape({16}), 5);
-    AttentionOptions options;
-    options.causal = true;
-    options.need_logsumexp = true;
-    options.alibi_slopes = slopes.view();
-    options.sinks = sinks.view();
-    options.compute = ComputePrecision::kBFloat16;
-    options.num_threads = 1;
-    const std::string kernel = attention_kernel(q.view(), k.view(), v.view(), options);
-    EXPECT_EQ(kernel.rfind("fused grouped-query tiles (bfloat16 products)", 0), 0u) << kernel;
-    EXPECT_EQ(kernel.find("key split") != std::string::npos, lk == 5000) << kernel;
-    const AttentionResult one = scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
-    for (int threads : {2, 3}) {
-      options.num_threads = threads;
-      const AttentionResult many =
-          scaled_dot_product_attention(q.view(), k.view(), v.view(), options);
-      EXPECT_TRUE(same_bits(one.output, many.output)) << threads << " threads, Lk " << lk;
-      EXPECT_TRUE(same_bits(one.logsumexp, many.logsumexp)) << threads << " threads, Lk " << lk;
-    }
-  }
+  ExpectGroupedTilesBitwiseAtAnyThreadCount(DType::kBFloat16, ComputePrecision::kBFloat16,
+                                            "fused grouped-query tiles (bfloat16 products)", true);
 }
 
 TEST(GroupedQuery, BitwiseIdenticalAtAnyThreadCount) {
