@@ -153,6 +153,13 @@ inline int64_t SharedKeyValueGroup(const SdpaParams& p) {
   return shared ? p.batch_shape[last] : 1;
 }
 // The shape part: G query heads of Lq queries each on one K/V head make a grouped-query tile.
+// The rules the grouped tiles take, one test for the kernel (on SdpaParams) and the boundary
+// (on AttentionOptions, choosing bfloat16 operands for them): none of those indexed per
+// (batch, query) pair, nor dropout or weights.
+inline bool GroupedTilesTakeRules(bool mask, bool bias, bool segments, bool user_rules,
+                                  double dropout, bool weights) {
+  return !mask && !bias && !segments && !user_rules && dropout == 0.0 && !weights;
+}
 inline bool GroupsQueryRows(int64_t group, int64_t query_len, int64_t lanes) {
   return group >= 2 && RunsInRowGroups(query_len, lanes) &&
          !RunsInRowGroups(group * query_len, lanes) && group * query_len >= kMinGroupedRows;
@@ -167,9 +174,9 @@ inline bool PacksGroupedQueries(const SdpaParams& p, int64_t lanes) {
   const bool bf16_pairs = p.bf16_products() && !p.amx_tiles && p.value_half != nullptr &&
                           FitsPackedBf16(p.key_len, p.head_dim, p.value_dim);
   const bool operands = (float32_products || bf16_pairs) && p.block_table == nullptr;
-  const bool row_rules_only = p.mask == nullptr && p.bias == nullptr &&
-                              p.segment_query == nullptr && p.user_rules == nullptr &&
-                              p.dropout == 0.0f && p.weights == nullptr;
+  const bool row_rules_only =
+      GroupedTilesTakeRules(p.mask != nullptr, p.bias != nullptr, p.segment_query != nullptr,
+                            p.user_rules != nullptr, p.dropout, p.weights != nullptr);
   return operands && row_rules_only;
 }
 

@@ -139,8 +139,10 @@ bool f16_chains_fit(const TensorView& q, const TensorView& k, const TensorView& 
 // Whether the grouped-query tiles take the rules of `options` (PacksGroupedQueries declines
 // the rest, which then run in the row groups).
 bool grouped_tiles_take(const AttentionOptions& options) {
-  return !options.mask && !options.bias && !options.segment_ids_query && !options.user_rules &&
-         options.dropout == 0.0 && !options.need_weights;
+  return GroupedTilesTakeRules(options.mask.has_value(), options.bias.has_value(),
+                               options.segment_ids_query.has_value(),
+                               options.user_rules.has_value(), options.dropout,
+                               options.need_weights);
 }
 
 // The products a call computes (AttentionOptions::compute): bfloat16 ones only in the query
