@@ -89,8 +89,8 @@ inline bool FitsPackedFloats(int64_t key_len, int64_t head_dim, int64_t value_di
 // Query tiles read all of K and V once per tile. When the rows of K or V are not adjacent
 // (heads interleaved, as in (N, L, H, D) views or the (N, L, 3, H, D) projections of a
 // multi-head layer), a batch index's keys are spread over H (or 3H) times the memory, and
-// every pass over them misses in L2 and the TLB: at unet's shape (L 4096, E 32) rows 384
-// floats apart made the kernel 1.2–1.4× slower than contiguous ones. Each thread then first
+// every pass over them misses in L2 and the TLB (unet's shape, L 4096 and E 32, with rows
+// 384 floats apart: BENCHMARKS.md, "Key split and packed K/V"). Each thread then first
 // copies the K and V of the batch index it works on into a contiguous buffer, which its
 // tiles of that batch index read: one copy per thread and batch index against one pass per
 // query tile. Only with more than one full query tile per batch index, and not for the
@@ -202,8 +202,8 @@ inline PackedRow UnpackRow(int64_t row, int64_t group) { return {row % group, ro
 // groups or the query tiles, which run them): softcap, mask, bias, documents (segment ids),
 // user rules, dropout, weights, half-precision, stored or paged K/V, half-precision products.
 // Up to 8 float32 lanes: on AVX-512 the kernel runs 256-bit vectors (with 16 lanes a row's 4
-// keys fill a quarter of a vector, and the row groups' groups of 4 rows ran the phrase faster
-// than the 16-lane form: BENCHMARKS.md, "Short keys"; "Per-call cost of the short keys").
+// keys would fill a quarter of a vector; BENCHMARKS.md, "Short keys", compares a 16-lane form
+// with the row groups' groups of 4 rows; "Per-call cost of the short keys").
 constexpr int64_t kMaxShortKeys = 16;
 constexpr int64_t kMaxShortQueries = 8;
 constexpr int64_t kMaxShortLanes = 8;

@@ -118,7 +118,8 @@ void RunItems(const SdpaParams& p, int64_t count, int64_t rows, const RunItem& r
   const KeySplit split = PlanKeySplit(p, count, share);
   if (split.chunks == 1 && !merged) {
     // Built once: a span built per item is stored in two halves and read back as one
-    // 16-byte load, a store-forwarding stall per item (tiny calls: 3 % of phrase-plan).
+    // 16-byte load, a store-forwarding stall per item (BENCHMARKS.md, "Per-call cost of a
+    // plan").
     const KeySpan all_keys{0, p.key_len, nullptr};
     ParallelItems<Workspace_>(p, ForwardMultiplyAdds(p), count,
                               [&](Workspace_& ws, int64_t item) { run(ws, item, all_keys); });

@@ -205,11 +205,11 @@ constexpr int64_t kPrefetchKeys = 16;
 
 // Keys ahead at which rows shared by a group (one K/V stream for the core) are prefetched
 // whole: a single stream keeps too few misses in flight to read at the core's share of the
-// memory bandwidth (decode-gqa read 7 GB/s on one Zen 4 thread, 4 streams of `decode` 12).
-// Float32: 32 keys of 128 elements, 16 KiB ahead, so that the rows in flight and the block
-// being re-read (the dots' 16 KiB of K for the second sub-group of rows, P·V's 16 KiB chunk
-// of V for its later column passes) fit in a 48 KiB L1 together (BENCHMARKS.md, stream21).
-// The narrower formats keep 64 keys (16 KiB or less at E 128; 32 was not measured for them).
+// memory bandwidth. Float32: 32 keys of 128 elements, 16 KiB ahead, so that the rows in
+// flight and the block being re-read (the dots' 16 KiB of K for the second sub-group of rows,
+// P·V's 16 KiB chunk of V for its later column passes) fit in a 48 KiB L1 together. The
+// narrower formats prefetch 64 keys ahead (16 KiB or less at E 128). BENCHMARKS.md: "Two K/V
+// streams per core, and the shared stream's prefetch distance".
 template <DType K>
 constexpr int64_t kStreamAheadKeys = K == DType::kFloat32 ? 32 : 64;
 
@@ -1034,9 +1034,9 @@ struct RowGroups {
   }
   // Decoding: the query heads of one K/V head as one group (each K/V byte read once per
   // group) when they are at most kRowGroup, or kSharedRowGroup of them when that divides
-  // their number; kRowGroup otherwise. Only these sizes are compiled (RunOfType): groups of
-  // 5 to 7 rows for every K/V format and target doubled fused_sdpa.cc's compile time, the
-  // CI's critical path, so G 5–7 read K/V in groups of kRowGroup as before.
+  // their number; kRowGroup otherwise. Only these sizes are compiled (RunOfType), which
+  // bounds fused_sdpa.cc's compile time (every K/V format and target: the CI's critical
+  // path; BENCHMARKS.md, "CI time"), so G 5–7 read K/V in groups of kRowGroup.
   static int SharedRows(const SdpaParams& p) {
     const int64_t heads = p.batch_shape[kMaxBatchRank - 1];
     if (!Broadcast(p)) return kRowGroup;

@@ -188,7 +188,7 @@ struct Avx512Bf16 : Avx512Blocking {
   // a[k·a_stride + m] when TRANSPOSED.
   // The loops over rows and vectors are unrolled before GCC decides where arrays live:
   // otherwise it keeps the accumulator arrays on the stack and copies them in and out
-  // around every block (measured: a quarter of the time at E = 32).
+  // around every block (BENCHMARKS.md, "Reduced precision", the Zen 4 section).
   template <int ROWS, int VECS, bool TRANSPOSED>
   static ATTEND_AVX512_BF16_FN void Block(int64_t pairs, const uint32_t* a, int64_t a_stride,
                                           const uint32_t* HWY_RESTRICT b, int64_t b_row,

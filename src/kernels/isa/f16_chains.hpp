@@ -12,10 +12,9 @@ namespace attend::detail {
 // float32: each lane adds kF16ChainPairs products (one rounding each), then the pair's two
 // lanes are added in float16 (one more), so a chain sum carries kF16ChainPairs + 1
 // roundings of float16's unit roundoff 2^-11 over its 2·kF16ChainPairs products.
-// 64: one chain per product of the query tiles at E <= 128 and a 128-key tile (measured on
-// s4 in float16, one thread: chains of 16, 32 and 64 pairs took about 255, 225 and 210 ms
-// per call, float32 products about 325 ms); a simulation of s4's scores (uniform inputs)
-// puts the chains' mean error at 4x the inputs' rounding for 64 pairs, 3x for 32.
+// 64: one chain per product of the query tiles at E <= 128 and a 128-key tile. The chain
+// lengths' times on s4 and their errors on s4's scores: BENCHMARKS.md, "Intel Xeon: float16
+// products on AVX512_FP16 beside float32, AVX512_BF16 and AMX".
 inline constexpr int64_t kF16ChainPairs = 64;
 inline constexpr int64_t kF16ChainRoundings = kF16ChainPairs + 1;
 
