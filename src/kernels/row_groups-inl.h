@@ -697,66 +697,143 @@ class RowGroupAttention {
     }
   }
 
-  // 2. The score rules (score_rule_layer.hpp); lanes past each row's key_end become -inf
-  // after scaling (the scale may be negative), so 2^(-inf) = 0 leaves sums and outputs
-  // alone. Without modifications or pairwise rules, positions are judged a vector at a
-  // time: keys before the window (and past the prefix) get -inf as well.
-  HWY_INLINE void Rules(KeySpan span) {
-    const DF d;
-    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
-    const bool plain = ws_.plain;
-    const hn::RebindToSigned<DF> di;
+  // 1a. s_j = q_r·k_j for the keys [0, key_end) of the span, into row r of ws_.scores:
+  // QuadScores (four keys' sums at once) where E is whole vectors, RowScores otherwise.
+  void ComputeDots(int64_t key_end, bool shared) {
+#if ATTEND_QUAD_SUMS
+    if (p_.head_dim % kLanes == 0) {
+      if constexpr (G > kRowGroup) {
+        // Blocks of keys whose K rows fill half the L1 cache (16 KiB, whole vectors), each
+        // taken by the sub-groups of kRowGroup rows in turn (the same sums per row).
+        const int64_t block = std::clamp<int64_t>(
+            (int64_t{16} << 10) / std::max<int64_t>(p_.head_dim * kv_bytes<K>(), 1) / 16 * 16,
+            16, 256);
+        for (int64_t k = 0; k < key_end; k += block) {
+          SubGroupDots<0>(shared, k, std::min(block, key_end - k), key_end - k);
+        }
+      } else {
+        SubGroupDots<0>(shared, 0, key_end, key_end);  // one sub-group: the G rows
+      }
+      return;
+    }
+#endif
+    (void)shared;  // RowScores reads each row's own K
     for (int r = 0; r < G; ++r) {
-      const Tile& tile = *tile_[r];
-      float* scores = scores_[r];
-      VF max_v = neg_inf;
+      RowScores<K>(query_[r], key_[r], ws_.slots, p_.key_strides.row, p_.head_dim, key_end,
+                   scores_[r]);
+    }
+  }
+
+#if ATTEND_QUAD_SUMS
+  // Scores of the keys [k, k + keys) for rows R0 ≤ r < G, kRowGroup rows at a time (QuadScores
+  // of R rows into rows R0.. of ws_.scores); the first sub-group prefetches ahead up to
+  // prefetch_end keys from k, the later ones read the block from L1.
+  template <int R0>
+  HWY_INLINE void SubGroupDots(bool shared, int64_t k, int64_t keys, int64_t prefetch_end) {
+    constexpr int R = G - R0 < kRowGroup ? G - R0 : kRowGroup;
+    const auto quads = [&](auto shared_keys, auto paged) {
+      QuadScores<R, decltype(shared_keys)::value, decltype(paged)::value, K>(
+          query_ + R0, key_ + R0, ws_.slots + k, p_.key_strides.row, p_.head_dim, keys,
+          ws_.scores + R0 * ws_.score_stride + k, ws_.score_stride, prefetch_end);
+    };
+    if (shared) {
+      paged_ ? quads(std::true_type{}, std::true_type{})
+             : quads(std::true_type{}, std::false_type{});
+    } else {
+      paged_ ? quads(std::false_type{}, std::true_type{})
+             : quads(std::false_type{}, std::false_type{});
+    }
+    if constexpr (R0 + R < G) SubGroupDots<R0 + R>(shared, k, keys, shared ? 0 : prefetch_end);
+  }
+#endif
+
+  // 2. The score rules (score_rule_layer.hpp), row by row over scores_[r][0, padded_end_):
+  // s_j ← s_j·scale·log2(e), and an excluded key's score -inf (the rule layer's -1e9·log2(e));
+  // visible_[r] (whether any key of the span is visible) and row_max_[r] = max_j s_j. Lanes
+  // past each row's key_end become -inf after scaling (the scale may be negative), so
+  // 2^(-inf) = 0 leaves sums and outputs alone. Plain rows (ws_.plain: no modifications or
+  // pairwise rules) are judged by position a vector at a time (2a, 2b); the others go
+  // through the rule layer (2c).
+  HWY_INLINE void Rules(KeySpan span) {
+    const bool plain = ws_.plain;
+    for (int r = 0; r < G; ++r) {
       const VisibleKeys& keys = visible_keys_[r];
       if (plain && (keys.first <= span.begin || keys.prefix_end >= keys.first)) {
-        // Every key of the span before key_end is visible: only the tail lanes are not.
-        const VF factor_v = hn::Set(d, p_.scale * kLog2e);
-        for (int64_t j = 0; j < padded_end_; j += kLanes) {
-          VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
-          if (j + kLanes > key_end_[r]) {
-            s = hn::IfThenElse(
-                hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(key_end_[r] - j, 0))), s,
-                neg_inf);
-          }
-          hn::Store(s, d, scores + j);
-          max_v = hn::Max(max_v, s);
-        }
-        visible_[r] = key_end_[r] > 0;
+        RulesAllVisible(r);
       } else if (plain) {
-        const VF factor_v = hn::Set(d, p_.scale * kLog2e);
-        // Lane l of vector j holds key span.begin + j + l: visible iff before key_end and
-        // (in the prefix or from the window's first key on).
-        const auto prefix_end = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(
-                                                keys.prefix_end - span.begin, -1, span.count)));
-        const auto first = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(
-                                           keys.first - span.begin, -1, span.count + 1)));
-        const auto end = hn::Set(di, static_cast<int32_t>(key_end_[r]));
-        for (int64_t j = 0; j < padded_end_; j += kLanes) {
-          const auto lane = hn::Iota(di, static_cast<int32_t>(j));
-          const auto visible = hn::And(
-              hn::Lt(lane, end), hn::Or(hn::Lt(lane, prefix_end), hn::Not(hn::Lt(lane, first))));
-          const VF s = hn::IfThenElse(hn::RebindMask(d, visible),
-                                      hn::Mul(hn::Load(d, scores + j), factor_v), neg_inf);
-          hn::Store(s, d, scores + j);
-          max_v = hn::Max(max_v, s);
-        }
-        const int64_t begin = span.begin, last = begin + key_end_[r] - 1;
-        visible_[r] = std::min(keys.prefix_end, last + 1) > begin ||
-                      std::max(keys.first, begin) <= std::min(keys.last, last);
+        RulesByPosition(r, span);
       } else {
-        std::fill(scores + key_end_[r], scores + padded_end_,
-                  -std::numeric_limits<float>::infinity());
-        visible_[r] = apply_score_rules_to_row(p_, tile.batch, row_[r], span.begin, key_end_[r],
-                                               scores, ws_.keep);
-        for (int64_t j = 0; j < padded_end_; j += kLanes) {
-          max_v = hn::Max(max_v, hn::Load(d, scores + j));
-        }
+        RulesOfLayer(r, span);
       }
-      row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v));
     }
+  }
+
+  // 2a. Every key of the span before key_end is visible: only the tail lanes are not.
+  HWY_INLINE void RulesAllVisible(int r) {
+    const DF d;
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    float* scores = scores_[r];
+    VF max_v = neg_inf;
+    const VF factor_v = hn::Set(d, p_.scale * kLog2e);
+    for (int64_t j = 0; j < padded_end_; j += kLanes) {
+      VF s = hn::Mul(hn::Load(d, scores + j), factor_v);
+      if (j + kLanes > key_end_[r]) {
+        s = hn::IfThenElse(
+            hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(key_end_[r] - j, 0))), s,
+            neg_inf);
+      }
+      hn::Store(s, d, scores + j);
+      max_v = hn::Max(max_v, s);
+    }
+    visible_[r] = key_end_[r] > 0;
+    row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v));
+  }
+
+  // 2b. A window's left edge (or a prefix before it) inside the span: lane l of vector j
+  // holds key span.begin + j + l, visible iff before key_end and (in the prefix or from the
+  // window's first key on); keys before the window and past the prefix get -inf as well.
+  HWY_INLINE void RulesByPosition(int r, KeySpan span) {
+    const DF d;
+    const hn::RebindToSigned<DF> di;
+    const VF neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+    float* scores = scores_[r];
+    VF max_v = neg_inf;
+    const VisibleKeys& keys = visible_keys_[r];
+    const VF factor_v = hn::Set(d, p_.scale * kLog2e);
+    const auto prefix_end = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(
+                                            keys.prefix_end - span.begin, -1, span.count)));
+    const auto first = hn::Set(di, static_cast<int32_t>(std::clamp<int64_t>(
+                                       keys.first - span.begin, -1, span.count + 1)));
+    const auto end = hn::Set(di, static_cast<int32_t>(key_end_[r]));
+    for (int64_t j = 0; j < padded_end_; j += kLanes) {
+      const auto lane = hn::Iota(di, static_cast<int32_t>(j));
+      const auto visible = hn::And(
+          hn::Lt(lane, end), hn::Or(hn::Lt(lane, prefix_end), hn::Not(hn::Lt(lane, first))));
+      const VF s = hn::IfThenElse(hn::RebindMask(d, visible),
+                                  hn::Mul(hn::Load(d, scores + j), factor_v), neg_inf);
+      hn::Store(s, d, scores + j);
+      max_v = hn::Max(max_v, s);
+    }
+    const int64_t begin = span.begin, last = begin + key_end_[r] - 1;
+    visible_[r] = std::min(keys.prefix_end, last + 1) > begin ||
+                  std::max(keys.first, begin) <= std::min(keys.last, last);
+    row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v));
+  }
+
+  // 2c. Modifications or pairwise rules: the rule layer's apply_score_rules_to_row (scaling
+  // included), the tail lanes -inf.
+  HWY_INLINE void RulesOfLayer(int r, KeySpan span) {
+    const DF d;
+    float* scores = scores_[r];
+    VF max_v = hn::Set(d, -std::numeric_limits<float>::infinity());
+    std::fill(scores + key_end_[r], scores + padded_end_,
+              -std::numeric_limits<float>::infinity());
+    visible_[r] = apply_score_rules_to_row(p_, tile_[r]->batch, row_[r], span.begin,
+                                           key_end_[r], scores, ws_.keep);
+    for (int64_t j = 0; j < padded_end_; j += kLanes) {
+      max_v = hn::Max(max_v, hn::Load(d, scores + j));
+    }
+    row_max_[r] = hn::GetLane(hn::MaxOfLanes(d, max_v));
   }
 
   // 3. Probabilities 2^(s − m) and their sums (m = 0 when every score is -inf).
@@ -892,65 +969,6 @@ class RowGroupAttention {
       if (excluded_row) WriteFullyExcludedRow(p_, tile, row_[r]);
     }
   }
-
-  void ComputeDots(int64_t key_end, bool shared) {
-#if ATTEND_QUAD_SUMS
-    if (p_.head_dim % kLanes == 0) {
-      if constexpr (G > kRowGroup) {
-        // Blocks of keys whose K rows fill half the L1 cache (16 KiB, whole vectors), each
-        // taken by the sub-groups of kRowGroup rows in turn (the same sums per row).
-        const int64_t block = std::clamp<int64_t>(
-            (int64_t{16} << 10) / std::max<int64_t>(p_.head_dim * kv_bytes<K>(), 1) / 16 * 16,
-            16, 256);
-        for (int64_t k = 0; k < key_end; k += block) {
-          SubGroupDots<0>(shared, k, std::min(block, key_end - k), key_end - k);
-        }
-        return;
-      }
-      const auto quads = [&](auto shared_keys, auto paged) {
-        QuadScores<G, decltype(shared_keys)::value, decltype(paged)::value, K>(
-            query_, key_, ws_.slots, p_.key_strides.row, p_.head_dim, key_end, ws_.scores,
-            ws_.score_stride, key_end);
-      };
-      if (shared) {
-        paged_ ? quads(std::true_type{}, std::true_type{})
-               : quads(std::true_type{}, std::false_type{});
-      } else {
-        paged_ ? quads(std::false_type{}, std::true_type{})
-               : quads(std::false_type{}, std::false_type{});
-      }
-      return;
-    }
-#endif
-    (void)shared;  // RowScores reads each row's own K
-    for (int r = 0; r < G; ++r) {
-      RowScores<K>(query_[r], key_[r], ws_.slots, p_.key_strides.row, p_.head_dim, key_end,
-                   scores_[r]);
-    }
-  }
-
-#if ATTEND_QUAD_SUMS
-  // Scores of the keys [k, k + keys) for rows R0 ≤ r < G, kRowGroup rows at a time; the first
-  // sub-group prefetches ahead up to prefetch_end keys from k, the later ones read the block
-  // from L1.
-  template <int R0>
-  HWY_INLINE void SubGroupDots(bool shared, int64_t k, int64_t keys, int64_t prefetch_end) {
-    constexpr int R = G - R0 < kRowGroup ? G - R0 : kRowGroup;
-    const auto quads = [&](auto shared_keys, auto paged) {
-      QuadScores<R, decltype(shared_keys)::value, decltype(paged)::value, K>(
-          query_ + R0, key_ + R0, ws_.slots + k, p_.key_strides.row, p_.head_dim, keys,
-          ws_.scores + R0 * ws_.score_stride + k, ws_.score_stride, prefetch_end);
-    };
-    if (shared) {
-      paged_ ? quads(std::true_type{}, std::true_type{})
-             : quads(std::true_type{}, std::false_type{});
-    } else {
-      paged_ ? quads(std::false_type{}, std::true_type{})
-             : quads(std::false_type{}, std::false_type{});
-    }
-    if constexpr (R0 + R < G) SubGroupDots<R0 + R>(shared, k, keys, shared ? 0 : prefetch_end);
-  }
-#endif
 
   const SdpaParams& p_;
   RowWorkspace& ws_;
