@@ -180,7 +180,7 @@ inline double shaped_score_derivative(const SdpaParams& p, double s) {
 inline float alibi_term(const SdpaParams& p, int64_t head, int64_t i, int64_t j) {
   return p.alibi_slopes[head] * static_cast<float>(j - (i + p.diagonal_offset));
 }
-
+// Whether a user rule changes the scores (step 5).
 inline bool has_user_modification(const SdpaParams& p) {
   return p.user_rules != nullptr && p.user_rules->modify != nullptr;
 }
