@@ -75,15 +75,10 @@ enum Field : int {
   kKeyLen,
   kShapeFields
 };
-constexpr const char* kShapeFieldNames[] = {"the rank of query",
-                                            "batch dimension 0",
-                                            "batch dimension 1",
-                                            "batch dimension 2",
-                                            "batch dimension 3",
-                                            "the head dimension E",
-                                            "the value dimension Ev",
-                                            "the query length",
-                                            "the key length"};
+constexpr const char* kShapeFieldNames[] = {
+    "the rank of query",      "batch dimension 0", "batch dimension 1",
+    "batch dimension 2",      "batch dimension 3", "the head dimension E",
+    "the value dimension Ev", "the query length",  "the key length"};
 static_assert(std::size(kShapeFieldNames) == kShapeFields);
 
 int64_t bits_of(double x) {

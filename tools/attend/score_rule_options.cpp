@@ -47,8 +47,7 @@ void add_score_rule_options(CLI::App& command, ScoreRuleArguments& arguments) {
                    "ALiBi with the paper's slopes for H heads (the last batch dimension): "
                    "score += slope_h * (j - i')");
   for (const NumberRule& rule : kNumberRules) {
-    command.add_option(rule.flag, arguments.number_texts[rule.flag], rule.help)
-        ->type_name("FLOAT");
+    command.add_option(rule.flag, arguments.number_texts[rule.flag], rule.help)->type_name("FLOAT");
   }
   command.add_option("--scale", arguments.scale_text, "multiplies Q·Kᵀ (default 1/sqrt(E))")
       ->type_name("FLOAT");
