@@ -144,29 +144,63 @@ inline bool fixes_fully_excluded_rows(const SdpaParams& p) {
 
 // ---- Modification: softcap, bias, ALiBi, user score rule (steps 2-5) --------------------
 
-// Step 2: cap·tanh(s / cap).
+// Step 2, the built-in rules on the scaled score alone (before bias, ALiBi and the user
+// rule): softcap. A new built-in rule of this kind is added here, in has_score_shaping,
+// shaped_score and shaped_score_derivative, and a vector at a time in score_rules-inl.h
+// (ShapeScores, ShapeGradients); the reference and both kernels, forward and backward, reach
+// it only through these.
+
+// cap·tanh(s / cap).
 template <class T>
 T softcapped(T s, T cap) {
   using std::tanh;
   return cap * tanh(s / cap);
 }
 
+// Whether step 2 changes any score.
+inline bool has_score_shaping(const SdpaParams& p) { return p.softcap > 0; }
+
+// Step 2 on the scaled score s, in T (float: the few-query kernel; double: the reference).
+template <class T>
+T shaped_score(const SdpaParams& p, T s) {
+  if (p.softcap > 0) s = softcapped(s, static_cast<T>(p.softcap));
+  return s;
+}
+
+// ∂s2/∂s at the scaled score s, in double: softcap's 1 − tanh²(s / cap).
+inline double shaped_score_derivative(const SdpaParams& p, double s) {
+  if (p.softcap > 0) {
+    const double t = std::tanh(s / p.softcap);
+    return 1.0 - t * t;
+  }
+  return 1.0;
+}
+
 // Step 4: ALiBi's term slope·(j − i') for query i and key j, in float.
 inline float alibi_term(const SdpaParams& p, int64_t head, int64_t i, int64_t j) {
   return p.alibi_slopes[head] * static_cast<float>(j - (i + p.diagonal_offset));
 }
+// Whether a user rule changes the scores (step 5).
+inline bool has_user_modification(const SdpaParams& p) {
+  return p.user_rules != nullptr && p.user_rules->modify != nullptr;
+}
 
 // Whether steps 2, 4 or 5 apply (bias alone keeps the kernels' log2-domain fast path).
 inline bool has_score_mods(const SdpaParams& p) {
-  return p.softcap > 0 || p.alibi_slopes != nullptr ||
-         (p.user_rules != nullptr && p.user_rules->modify != nullptr);
+  return has_score_shaping(p) || p.alibi_slopes != nullptr || has_user_modification(p);
+}
+
+// Whether the scores' gradient differs from the modified scores' (steps 2 or 5 apply; bias
+// and ALiBi add terms, whose derivative is 1).
+inline bool has_score_derivatives(const SdpaParams& p) {
+  return has_score_shaping(p) || has_user_modification(p);
 }
 
 // Steps 2-4 (softcap, bias, ALiBi) on the scaled score s of (b, i, j), in double (the
 // reference's precision).
 inline double builtin_modified_score(const SdpaParams& p, int64_t b, int64_t i, int64_t j,
                                      double s) {
-  if (p.softcap > 0) s = softcapped(s, static_cast<double>(p.softcap));
+  s = shaped_score(p, s);
   if (p.bias) {
     s += p.bias[p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row +
                 j * p.bias_strides.column];
@@ -197,24 +231,21 @@ inline double user_modified_score(const SdpaParams& p, int64_t b, int64_t i, int
 // Steps 2-5 on the scaled score s of (b, i, j), in double.
 inline double modified_score(const SdpaParams& p, int64_t b, int64_t i, int64_t j, double s) {
   s = builtin_modified_score(p, b, i, j, s);
-  if (p.user_rules && p.user_rules->modify) s = user_modified_score(p, b, i, j, s, nullptr);
+  if (has_user_modification(p)) s = user_modified_score(p, b, i, j, s, nullptr);
   return s;
 }
 
-// Derivatives of steps 2-5 at the scaled score s, in double: with s2 = softcap(s) and
-// s5 = user(s2 + bias + ALiBi), ∂s5/∂bias = user' and ∂s5/∂s = user'·softcap'.
+// Derivatives of steps 2-5 at the scaled score s, in double: with s2 = step 2 of s and
+// s5 = user(s2 + bias + ALiBi), ∂s5/∂bias = user' and ∂s5/∂s = user'·shaping.
 struct ScoreDerivatives {
   double user = 1.0;     // ∂s5/∂s4: the user rule's derivative at the score it saw
-  double softcap = 1.0;  // ∂s2/∂s = 1 − tanh²(s / cap)
+  double shaping = 1.0;  // ∂s2/∂s (shaped_score_derivative)
 };
 inline ScoreDerivatives modified_score_derivatives(const SdpaParams& p, int64_t b, int64_t i,
                                                    int64_t j, double s) {
   ScoreDerivatives d;
-  if (p.softcap > 0) {
-    const double t = std::tanh(s / p.softcap);
-    d.softcap = 1.0 - t * t;
-  }
-  if (p.user_rules && p.user_rules->modify) {
+  if (has_score_shaping(p)) d.shaping = shaped_score_derivative(p, s);
+  if (has_user_modification(p)) {
     (void)user_modified_score(p, b, i, j, builtin_modified_score(p, b, i, j, s), &d.user);
   }
   return d;
@@ -231,8 +262,7 @@ inline bool apply_score_rules_to_row(const SdpaParams& p, int64_t b, int64_t i, 
   const float* bias =
       p.bias ? p.bias + p.batch_offset(p.bias_strides, b) + i * p.bias_strides.row : nullptr;
   for (int64_t c = 0; c < count; ++c) {
-    float s = scores[c] * p.scale;
-    if (p.softcap > 0) s = softcapped(s, p.softcap);
+    float s = shaped_score(p, scores[c] * p.scale);
     if (bias) s += bias[(begin + c) * p.bias_strides.column];
     if (p.alibi_slopes) s += alibi_term(p, head, i, begin + c);
     scores[c] = s;

@@ -601,6 +601,23 @@ TEST(Ring, DisagreementIsAnErrorOnEveryRank) {
                                     o);
         },
         "rank " + std::to_string(last) + " disagrees with rank 0 on causal");
+    // Score rules of each kind of option (attend::for_each_score_rule): a number, the window.
+    o = s.options;
+    if (world_rank() == last) o.softcap = 30.0;
+    expect_collective_error(
+        [&] {
+          (void)mpi::ring_attention(MPI_COMM_WORLD, s.query.view(), s.key.view(), s.value.view(),
+                                    o);
+        },
+        "rank " + std::to_string(last) + " disagrees with rank 0 on softcap");
+    o = s.options;
+    if (world_rank() == last) o.window = SlidingWindow{4, kUnboundedWindow};
+    expect_collective_error(
+        [&] {
+          (void)mpi::ring_attention(MPI_COMM_WORLD, s.query.view(), s.key.view(), s.value.view(),
+                                    o);
+        },
+        "rank " + std::to_string(last) + " disagrees with rank 0 on the window's left side");
     // The last rank's keys have another head dimension.
     const Tensor other = random_tensor(Shape({kBatch, kHeads, s.key.shape()[2], 8}), 3);
     const TensorView key = world_rank() == last ? other.view() : s.key.view();

@@ -118,4 +118,23 @@ struct AttentionOptions {
   uint64_t max_weights_bytes = uint64_t{16} << 30;
 };
 
+// The built-in score rules' options that hold values (attend/score_rules.hpp), in declaration
+// order: f(name, member) for each, `name` being the member's name. For the code that treats
+// every rule alike by its type: context parallelism's agreement between ranks
+// (src/mpi/ring_common.cpp) and the Python bindings' numbers, so that a new rule given by a
+// number, a flag, an enum or a per-head tensor is one line here for them. Not here: the inputs
+// indexed by position (mask, bias, segment ids), which every block of a problem holds its
+// own of, and the user's rules. `options`: AttentionOptions, const or not.
+template <class Options, class F>
+void for_each_score_rule(Options& options, F&& f) {
+  f("causal", options.causal);
+  f("causal_alignment", options.causal_alignment);
+  f("window", options.window);
+  f("alibi", options.alibi);
+  f("alibi_slopes", options.alibi_slopes);
+  f("softcap", options.softcap);
+  f("sinks", options.sinks);
+  f("prefix", options.prefix);
+}
+
 }  // namespace attend

@@ -16,6 +16,7 @@
 
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "arrays.hpp"
@@ -89,7 +90,8 @@ std::optional<int64_t> optional_int(py::handle h) {
 
 // rules: None, or attend._functional.ScoreRules, read by field name: window_left and
 // window_right (None for unbounded; both None: no window), alibi (None, True or a (H) slopes
-// array), sinks, segment_ids_query, segment_ids_key, prefix, softcap (None or a float).
+// array), sinks, segment_ids_query, segment_ids_key, prefix, and each rule given by one number
+// (attend::for_each_score_rule's std::optional<double> options: softcap), None or a float.
 void parse_rules(Call& call, py::handle rules) {
   if (rules.is_none()) return;
   const auto field = [&](const char* name) { return rules.attr(name); };
@@ -115,8 +117,13 @@ void parse_rules(Call& call, py::handle rules) {
   if (call.segment_query) o.segment_ids_query = call.segment_query->view;
   if (call.segment_key) o.segment_ids_key = call.segment_key->view;
   o.prefix = field("prefix").cast<int64_t>();
-  const py::object softcap = field("softcap");
-  if (!softcap.is_none()) o.softcap = softcap.cast<double>();
+  // The rules given by one number (softcap): each the field of its name, None when not given.
+  attend::for_each_score_rule(o, [&](const char* name, auto& member) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(member)>, std::optional<double>>) {
+      const py::object number = field(name);
+      if (!number.is_none()) member = number.cast<double>();
+    }
+  });
 }
 
 // PyTorch's attn_mask: whether it is additive (float: attend's bias) rather than a bool mask

@@ -208,9 +208,9 @@ struct BackwardWorkspace {
   hwy::AlignedFreeUniquePtr<float[]> prob_t;  // [Tk][Tq]  Sᵀ, then Pᵀ, then P̃ᵀ
   hwy::AlignedFreeUniquePtr<float[]> grad_t;  // [Tk][Tq]  dP̃ᵀ, then dSᵀ
   hwy::AlignedFreeUniquePtr<float[]> keep;    // [Tk][Tq]  Z/(1 − p), with dropout
-  // With score modifications: the scores after softcap and before the user rule, for their
+  // With score modifications: the scores after step 2 and before the user rule, for their
   // derivatives ([Tk][Tq] each).
-  hwy::AlignedFreeUniquePtr<float[]> after_softcap, before_user;
+  hwy::AlignedFreeUniquePtr<float[]> after_shaping, before_user;
   RowRules row_rules;  // the query tile's rows' visible keys and documents
   hwy::AlignedFreeUniquePtr<uint8_t[]> row_keep;  // [Lk] a user mask's verdicts on one row
   KeepTile pair_keep;                             // [Tk][Tq] the mask's and user mask's verdicts
@@ -260,9 +260,8 @@ struct BackwardWorkspace {
     grad_t = hwy::AllocateAligned<float>(n(kKeyTile * tq));
     keep = hwy::AllocateAligned<float>(n(p.dropout > 0 ? kKeyTile * tq : 1));
     dead_rows = hwy::AllocateAligned<int64_t>(n(std::max<int64_t>(p.query_len, 1)));
-    after_softcap = hwy::AllocateAligned<float>(n(p.softcap > 0 ? kKeyTile * tq : 1));
-    before_user =
-        hwy::AllocateAligned<float>(n(p.user_rules && p.user_rules->modify ? kKeyTile * tq : 1));
+    after_shaping = hwy::AllocateAligned<float>(n(has_score_shaping(p) ? kKeyTile * tq : 1));
+    before_user = hwy::AllocateAligned<float>(n(has_user_modification(p) ? kKeyTile * tq : 1));
     row_rules.Allocate(tq);
     if (has_pairwise_rules(p)) pair_keep.Allocate(kKeyTile, tq);
     row_keep = hwy::AllocateAligned<uint8_t>(n(p.user_rules ? p.key_len : 1));
@@ -297,7 +296,7 @@ struct BackwardWorkspace {
   }
   bool ok() const {
     return query_t && dout_t && query && dout && lse2 && delta && dq && key && dk && dv && prob_t &&
-           grad_t && keep && dead_rows && after_softcap && before_user && row_rules.ok() &&
+           grad_t && keep && dead_rows && after_shaping && before_user && row_rules.ok() &&
            row_keep && pair_keep.ok() && bf16_ok;
   }
 };
@@ -596,8 +595,8 @@ class BackwardItem {
     const int64_t rows = std::min(tq, p_.query_len - q0);
     if (has_score_mods(p_)) {
       ModifyScores(p_, b_, bias_, q0, rows, k0, keys, tq, s,
-                   p_.softcap > 0 ? ws_.after_softcap.get() : nullptr,
-                   p_.user_rules && p_.user_rules->modify ? ws_.before_user.get() : nullptr);
+                   has_score_shaping(p_) ? ws_.after_shaping.get() : nullptr,
+                   has_user_modification(p_) ? ws_.before_user.get() : nullptr);
     } else if (bias_) {
       AddBias(p_, bias_, q0, rows, k0, keys, tq, kLog2e, s);
     }
@@ -608,28 +607,18 @@ class BackwardItem {
   }
 
   // dS back through the modifications: × the user rule's derivative (then dS is the bias's
-  // gradient, written when asked for), × softcap's 1 − tanh² = 1 − (s2/cap)².
+  // gradient, written when asked for), × step 2's derivative (ShapeGradients).
   void ModificationGradients(int64_t k0, int64_t keys, int64_t q0) {
     const int64_t tq = ws_.tq;
     float* grad_t = ws_.grad_t.get();
     const int64_t rows = std::min(tq, p_.query_len - q0);
-    if (p_.user_rules && p_.user_rules->modify) {
+    if (has_user_modification(p_)) {
       const UserScoreRules& u = *p_.user_rules;
       u.modify_gradient(u.score_mod, rule_tile(p_, b_, q0, k0, rows, keys, 1, tq),
                         ws_.before_user.get(), grad_t);
     }
     if (grad_scores_) WriteGradScores(k0, keys, q0);
-    if (p_.softcap > 0) {
-      const DF d;
-      const VF one = hn::Set(d, 1.0f), inv_cap = hn::Set(d, 1.0f / p_.softcap);
-      for (int64_t j = 0; j < keys; ++j) {
-        for (int64_t r = 0; r < tq; r += kLanes) {
-          const VF t = hn::Mul(hn::Load(d, ws_.after_softcap.get() + j * tq + r), inv_cap);
-          float* g = grad_t + j * tq + r;
-          hn::Store(hn::Mul(hn::Load(d, g), hn::NegMulAdd(t, t, one)), d, g);
-        }
-      }
-    }
+    if (has_score_shaping(p_)) ShapeGradients(p_, ws_.after_shaping.get(), keys, tq, grad_t);
   }
 
   // keep[j][r] = Z/(1 − p) from the forward's Philox draws of (b, q0 + r, k0 + j).

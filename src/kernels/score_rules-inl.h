@@ -186,18 +186,10 @@ inline void AddPackedAlibi(const SdpaParams& p, int64_t b, int64_t q0, int64_t k
   }
 }
 
-// Steps 2-5 (score_rule_layer.hpp) on natural-unit scores, then × log2 e:
-// softcapped(s, cap), + bias, + alibi_term (slope·(j − i') in float, as there), the user rule.
-// For the backward, copies of the scores after step 2 (`after_softcap`) and before step 5
-// (`before_user`) are kept when those are not null. group > 1: the packed rows of a
-// grouped-query tile (AddPackedAlibi; no bias or user rule there).
-inline void ModifyScores(const SdpaParams& p, int64_t b, const float* bias, int64_t q0,
-                         int64_t rows, int64_t k0, int64_t keys, int64_t tq, float* scores,
-                         float* after_softcap = nullptr, float* before_user = nullptr,
-                         int64_t group = 1) {
+// Step 2 (shaped_score, score_rule_layer.hpp) on natural-unit scores[j·tq + r], keys j <
+// `keys`, every lane r < tq: softcap's cap·Tanh(s / cap).
+inline void ShapeScores(const SdpaParams& p, int64_t keys, int64_t tq, float* scores) {
   const DF d;
-  const hn::RebindToSigned<DF> di;
-  const int64_t head = head_of(p, b);
   if (p.softcap > 0) {
     const VF cap = hn::Set(d, p.softcap), inverse_cap = hn::Set(d, 1.0f / p.softcap);
     for (int64_t j = 0; j < keys; ++j) {
@@ -207,7 +199,40 @@ inline void ModifyScores(const SdpaParams& p, int64_t b, const float* bias, int6
       }
     }
   }
-  if (after_softcap) std::copy_n(scores, keys * tq, after_softcap);
+}
+
+// The backward through step 2 (shaped_score_derivative): grad[j·tq + r] ×= ∂s2/∂s, from the
+// scores after step 2 that ShapeScores wrote (`shaped`, the same layout): softcap's
+// 1 − tanh² = 1 − (s2 / cap)².
+inline void ShapeGradients(const SdpaParams& p, const float* shaped, int64_t keys, int64_t tq,
+                           float* grad) {
+  const DF d;
+  if (p.softcap > 0) {
+    const VF one = hn::Set(d, 1.0f), inv_cap = hn::Set(d, 1.0f / p.softcap);
+    for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t r = 0; r < tq; r += kLanes) {
+        const VF t = hn::Mul(hn::Load(d, shaped + j * tq + r), inv_cap);
+        float* g = grad + j * tq + r;
+        hn::Store(hn::Mul(hn::Load(d, g), hn::NegMulAdd(t, t, one)), d, g);
+      }
+    }
+  }
+}
+
+// Steps 2-5 (score_rule_layer.hpp) on natural-unit scores, then × log2 e:
+// ShapeScores, + bias, + alibi_term (slope·(j − i') in float, as there), the user rule.
+// For the backward, copies of the scores after step 2 (`after_shaping`, for ShapeGradients)
+// and before step 5 (`before_user`) are kept when those are not null. group > 1: the packed
+// rows of a grouped-query tile (AddPackedAlibi; no bias or user rule there).
+inline void ModifyScores(const SdpaParams& p, int64_t b, const float* bias, int64_t q0,
+                         int64_t rows, int64_t k0, int64_t keys, int64_t tq, float* scores,
+                         float* after_shaping = nullptr, float* before_user = nullptr,
+                         int64_t group = 1) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const int64_t head = head_of(p, b);
+  ShapeScores(p, keys, tq, scores);
+  if (after_shaping) std::copy_n(scores, keys * tq, after_shaping);
   if (bias) AddBias(p, bias, q0, rows, k0, keys, tq, 1.0f, scores);
   if (p.alibi_slopes && group > 1) {
     AddPackedAlibi(p, b, q0, k0, keys, tq, group, scores);
@@ -224,7 +249,7 @@ inline void ModifyScores(const SdpaParams& p, int64_t b, const float* bias, int6
       }
     }
   }
-  if (p.user_rules && p.user_rules->modify) {
+  if (has_user_modification(p)) {
     if (before_user) std::copy_n(scores, keys * tq, before_user);
     const UserScoreRules& u = *p.user_rules;
     u.modify(u.score_mod, rule_tile(p, b, q0, k0, rows, keys, 1, tq), scores);

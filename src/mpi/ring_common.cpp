@@ -8,6 +8,8 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "attend/error.hpp"
 #include "mpi/ring_internal.hpp"
@@ -60,6 +62,7 @@ struct Signature {
   char message[kMessageBytes] = {};
 };
 
+// The fields every signature starts with, at fixed places; the options follow (Fields).
 enum Field : int {
   kRank,
   kBatch0,
@@ -70,63 +73,13 @@ enum Field : int {
   kValueDim,
   kQueryLen,
   kKeyLen,
-  kCausal,
-  kAlignment,
-  kWindowLeft,
-  kWindowRight,
-  kAlibi,
-  kSoftcap,
-  kSinks,
-  kSlopes,
-  kPrefix,
-  kScale,
-  kRows,
-  kDropout,
-  kSeed,
-  kMask,
-  kBias,
-  kDocuments,
-  kUserModify,
-  kUserMask,
-  kBackend,
-  kLayout,
-  kCompute,
-  kKeySegmentsShape,
-  kFieldCount
+  kShapeFields
 };
-static_assert(kFieldCount <= kFields);
-constexpr const char* kFieldNames[] = {"the rank of query",
-                                       "batch dimension 0",
-                                       "batch dimension 1",
-                                       "batch dimension 2",
-                                       "batch dimension 3",
-                                       "the head dimension E",
-                                       "the value dimension Ev",
-                                       "the query length",
-                                       "the key length",
-                                       "causal",
-                                       "causal_alignment",
-                                       "the window's left side",
-                                       "the window's right side",
-                                       "alibi",
-                                       "softcap",
-                                       "sinks",
-                                       "alibi_slopes",
-                                       "prefix",
-                                       "scale",
-                                       "fully_masked_rows",
-                                       "dropout",
-                                       "seed",
-                                       "whether a mask is given",
-                                       "whether a bias is given",
-                                       "whether segment ids are given",
-                                       "user_rules' score_mod",
-                                       "user_rules' mask_mod",
-                                       "backend",
-                                       "the shard layout",
-                                       "compute (the products' precision)",
-                                       "the shape of segment_ids_key but its length"};
-static_assert(std::size(kFieldNames) == kFieldCount);
+constexpr const char* kShapeFieldNames[] = {
+    "the rank of query",      "batch dimension 0", "batch dimension 1",
+    "batch dimension 2",      "batch dimension 3", "the head dimension E",
+    "the value dimension Ev", "the query length",  "the key length"};
+static_assert(std::size(kShapeFieldNames) == kShapeFields);
 
 int64_t bits_of(double x) {
   int64_t bits;
@@ -144,6 +97,42 @@ int64_t hash_of(const std::optional<TensorView>& t) {
   for (size_t n = 0; n < copy.nbytes(); ++n) h = (h ^ bytes[n]) * 1099511628211ull;
   return static_cast<int64_t>(h | 1);
 }
+
+// Appends a signature's fields after the shape's, in order, with their names (for the
+// message that names a disagreement; every rank appends the same fields).
+class Fields {
+ public:
+  Fields(Signature& s, std::vector<std::string>& names) : s_(s), names_(names) {
+    names_.assign(std::begin(kShapeFieldNames), std::end(kShapeFieldNames));
+  }
+  void put(std::string name, int64_t value) {
+    if (names_.size() == kFields) throw Error("the collective check holds too few fields");
+    s_.field[names_.size()] = value;
+    names_.push_back(std::move(name));
+  }
+  // A score rule's option (for_each_score_rule), by its type: flags, enums and integers as
+  // they are, numbers by their bits (0 when not given), the window by its two sides (-2 when
+  // not given), per-head vectors by hash_of.
+  template <class T>
+  void operator()(const char* name, const T& value) {
+    if constexpr (std::is_same_v<T, bool> || std::is_enum_v<T> || std::is_same_v<T, int64_t>) {
+      put(name, static_cast<int64_t>(value));
+    } else if constexpr (std::is_same_v<T, std::optional<double>>) {
+      put(name, value ? bits_of(*value) : 0);
+    } else if constexpr (std::is_same_v<T, std::optional<SlidingWindow>>) {
+      put(std::string("the ") + name + "'s left side", value ? value->left : -2);
+      put(std::string("the ") + name + "'s right side", value ? value->right : -2);
+    } else if constexpr (std::is_same_v<T, std::optional<TensorView>>) {
+      put(name, hash_of(value));
+    } else {
+      static_assert(sizeof(T) == 0, "a score rule's option of a type the ring cannot compare");
+    }
+  }
+
+ private:
+  Signature& s_;
+  std::vector<std::string>& names_;
+};
 
 void set_message(Signature& s, const std::string& message) {
   s.failed = 1;
@@ -169,8 +158,10 @@ std::vector<Signature> gather(const Communicator& comm, const char* who, const S
   return all;
 }
 
+// This rank's signature; `names` receives its fields' names.
 Signature signature_of(const TensorView& query, const TensorView& key, const TensorView& value,
-                       const AttentionOptions& o, ShardLayout layout) {
+                       const AttentionOptions& o, ShardLayout layout,
+                       std::vector<std::string>& names) {
   Signature s;
   int64_t* f = s.field;
   try {
@@ -202,33 +193,30 @@ Signature signature_of(const TensorView& query, const TensorView& key, const Ten
     f[kValueDim] = value.shape.back(0);
     f[kQueryLen] = query.shape.back(1);
     f[kKeyLen] = key.shape.back(1);
-    f[kCausal] = o.causal;
-    f[kAlignment] = static_cast<int64_t>(o.causal_alignment);
-    f[kWindowLeft] = o.window ? o.window->left : -2;
-    f[kWindowRight] = o.window ? o.window->right : -2;
-    f[kAlibi] = o.alibi;
-    f[kSoftcap] = o.softcap ? bits_of(*o.softcap) : 0;
-    f[kSinks] = hash_of(o.sinks);
-    f[kSlopes] = hash_of(o.alibi_slopes);
-    f[kPrefix] = o.prefix;
-    f[kScale] = o.scale ? bits_of(*o.scale) : 0;
-    f[kRows] = static_cast<int64_t>(o.fully_masked_rows);
-    f[kDropout] = bits_of(o.dropout);
-    f[kSeed] = static_cast<int64_t>(o.seed);
-    f[kMask] = o.mask.has_value();
-    f[kBias] = o.bias.has_value();
-    f[kDocuments] = o.segment_ids_query.has_value() + 2 * o.segment_ids_key.has_value();
-    f[kUserModify] = o.user_rules && o.user_rules->modify;
-    f[kUserMask] = o.user_rules && o.user_rules->mask;
-    f[kBackend] = static_cast<int64_t>(o.backend);
-    f[kLayout] = static_cast<int64_t>(layout);
-    f[kCompute] = static_cast<int64_t>(o.compute);
+    Fields fields(s, names);
+    for_each_score_rule(o, fields);
+    fields.put("scale", o.scale ? bits_of(*o.scale) : 0);
+    fields.put("fully_masked_rows", static_cast<int64_t>(o.fully_masked_rows));
+    fields.put("dropout", bits_of(o.dropout));
+    fields.put("seed", static_cast<int64_t>(o.seed));
+    fields.put("whether a mask is given", o.mask.has_value());
+    fields.put("whether a bias is given", o.bias.has_value());
+    fields.put("whether segment ids are given",
+               o.segment_ids_query.has_value() + 2 * o.segment_ids_key.has_value());
+    fields.put("user_rules' score_mod", o.user_rules && o.user_rules->modify);
+    fields.put("user_rules' mask_mod", o.user_rules && o.user_rules->mask);
+    fields.put("backend", static_cast<int64_t>(o.backend));
+    fields.put("the shard layout", static_cast<int64_t>(layout));
+    fields.put("compute (the products' precision)", static_cast<int64_t>(o.compute));
+    int64_t key_segments_shape = 0;
     if (o.segment_ids_key) {  // it travels: every rank's must fit every query shard
       const TensorView& ids = *o.segment_ids_key;
-      int64_t h = ids.rank();
-      for (int d = 0; d + 1 < ids.rank(); ++d) h = h * 1000003 + ids.shape[d];
-      f[kKeySegmentsShape] = h;
+      key_segments_shape = ids.rank();
+      for (int d = 0; d + 1 < ids.rank(); ++d) {
+        key_segments_shape = key_segments_shape * 1000003 + ids.shape[d];
+      }
     }
+    fields.put("the shape of segment_ids_key but its length", key_segments_shape);
   } catch (const Error& e) {
     set_message(s, e.what());
   }
@@ -270,15 +258,16 @@ RingPlan agree_on_plan(const Communicator& comm, const char* who, const TensorVi
                        const AttentionOptions& options, ShardLayout layout,
                        const std::function<void(const RingPlan&)>& local_check) {
   // 1. Each rank's shapes and options; all must agree with rank 0's but for the lengths.
+  std::vector<std::string> names;
   const std::vector<Signature> all =
-      gather(comm, who, signature_of(query, key, value, options, layout));
+      gather(comm, who, signature_of(query, key, value, options, layout, names));
   const Signature& first = all[0];
   for (int r = 1; r < comm.size(); ++r) {
-    for (int f = 0; f < kFieldCount; ++f) {
+    for (int f = 0; f < static_cast<int>(names.size()); ++f) {
       if (f == kQueryLen || f == kKeyLen) continue;
       if (all[static_cast<size_t>(r)].field[f] != first.field[f]) {
         throw AgreedError(std::string(who) + ": rank " + std::to_string(r) +
-                          " disagrees with rank 0 on " + kFieldNames[f] + " (" +
+                          " disagrees with rank 0 on " + names[static_cast<size_t>(f)] + " (" +
                           std::to_string(all[static_cast<size_t>(r)].field[f]) + " against " +
                           std::to_string(first.field[f]) + ")");
       }

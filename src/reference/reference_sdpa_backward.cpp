@@ -69,9 +69,9 @@ void reference_sdpa_backward(const SdpaBackwardParams& params) {
       std::fill(grad_query.begin(), grad_query.end(), 0.0);
       for (size_t j = 0; j < lk; ++j) {
         // Back through the modifications (score_rule_layer.hpp): dS of the bias is dS·user',
-        // dS of the scaled score dS·user'·softcap'.
+        // dS of the scaled score dS·user'·(step 2)'.
         ScoreDerivatives derivatives;
-        if (!excluded[j] && (p.softcap > 0 || (p.user_rules && p.user_rules->modify))) {
+        if (!excluded[j] && has_score_derivatives(p)) {
           const float* kj = k + static_cast<int64_t>(j) * p.key_strides.row;
           double dot = 0;
           for (size_t e = 0; e < e_dim; ++e) dot += double{qi[e]} * double{kj[e]};
@@ -79,7 +79,7 @@ void reference_sdpa_backward(const SdpaBackwardParams& params) {
               modified_score_derivatives(p, b, i, static_cast<int64_t>(j), dot * double{p.scale});
         }
         grad_bias[j] = excluded[j] ? 0.0 : weight[j] * (grad_kept[j] - row_dot) * derivatives.user;
-        grad_score[j] = grad_bias[j] * derivatives.softcap;
+        grad_score[j] = grad_bias[j] * derivatives.shaping;
         const float* kj = k + static_cast<int64_t>(j) * p.key_strides.row;
         for (size_t e = 0; e < e_dim; ++e) {
           grad_query[e] += grad_score[j] * kj[e];

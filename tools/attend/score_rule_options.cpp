@@ -3,12 +3,30 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "attend/error.hpp"
 #include "cli_common.hpp"
 #include "quote.hpp"
 
 namespace attend::cli {
+namespace {
+
+// The built-in rules given by one number: the option that takes it and the field it sets
+// (the library checks the value's range and names the field).
+struct NumberRule {
+  const char* flag;
+  const char* help;
+  std::optional<double> AttentionOptions::*option;
+};
+constexpr NumberRule kNumberRules[] = {
+    {"--softcap",
+     "logit soft-capping C > 0: score = C * tanh(score / C), after scaling, before bias and "
+     "masks",
+     &AttentionOptions::softcap},
+};
+
+}  // namespace
 
 void add_score_rule_options(CLI::App& command, ScoreRuleArguments& arguments) {
   command.add_flag("--causal", arguments.causal,
@@ -28,11 +46,9 @@ void add_score_rule_options(CLI::App& command, ScoreRuleArguments& arguments) {
   command.add_flag("--alibi", arguments.alibi,
                    "ALiBi with the paper's slopes for H heads (the last batch dimension): "
                    "score += slope_h * (j - i')");
-  command
-      .add_option("--softcap", arguments.softcap_text,
-                  "logit soft-capping C > 0: score = C * tanh(score / C), after scaling, before "
-                  "bias and masks")
-      ->type_name("FLOAT");
+  for (const NumberRule& rule : kNumberRules) {
+    command.add_option(rule.flag, arguments.number_texts[rule.flag], rule.help)->type_name("FLOAT");
+  }
   command.add_option("--scale", arguments.scale_text, "multiplies Q·Kᵀ (default 1/sqrt(E))")
       ->type_name("FLOAT");
   command.add_option("--dropout", arguments.dropout_text, "dropout probability in [0, 1)")
@@ -65,7 +81,11 @@ void apply_score_rule_options(const ScoreRuleArguments& arguments, const CLI::Ap
     options.window = window;
   }
   options.alibi = arguments.alibi;
-  if (given("--softcap")) options.softcap = parse_number("--softcap", arguments.softcap_text);
+  for (const NumberRule& rule : kNumberRules) {
+    if (given(rule.flag)) {
+      options.*rule.option = parse_number(rule.flag, arguments.number_texts.at(rule.flag));
+    }
+  }
   if (given("--scale")) {
     const double scale = parse_number("--scale", arguments.scale_text);
     if (!std::isfinite(scale)) {

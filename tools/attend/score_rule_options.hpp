@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <map>
 #include <string>
 
 #include "attend/sdpa.hpp"
@@ -16,7 +17,9 @@ struct ScoreRuleArguments {
   std::string causal_align = "bottom-right";
   std::string window_text;
   bool alibi = false;
-  std::string softcap_text, scale_text, dropout_text, seed_text;
+  // The texts of the rules given by one number (--softcap: the table in the .cpp), by option.
+  std::map<std::string, std::string> number_texts;
+  std::string scale_text, dropout_text, seed_text;
   std::string backend = "auto";
 };
 
