@@ -12,13 +12,14 @@
 // A region of one thread is never opened: parallel_for runs such work inline (libgomp's
 // one-thread region still ends in a futex wake, a system call per region).
 //
-// The constant: 2^20 multiply-adds is 10-30 us on one AVX-512 core (the GEMM runs at 35-70
-// G multiply-adds/s, the attention kernels at a third to a half of that), against about 1-3 us
-// to start and join a region whose threads are spinning (libgomp's default waiting, on idle
-// cores) and tens of us where they sleep (OMP_WAIT_POLICY=passive) or share their core with
-// other processes. A decoding step of a small model (32 sequences of a few hundred keys, a
-// 128-wide layer: about 1-4 M multiply-adds per call) then uses 2 threads where a single
-// sequence's step stays on one.
+// The constant: a thread is worth waking for 2^22 multiply-adds (tens of microseconds of the
+// GEMM or the attention kernels on one AVX-512 core, more on narrower targets). Starting and joining a region of 2 threads costs about 3-4 us where the
+// waiting thread spins on an idle core (libgomp's default) and about 60 us where it sleeps
+// (OMP_WAIT_POLICY=passive: a futex wake, an interrupt between cores of a virtual machine),
+// measured on a 2-vCPU Zen 5 guest; on a busy host a waiting thread may first wait for the
+// scheduler. A decoding step of a small model (32 sequences of a few hundred keys, a 128-wide
+// layer: 0.5-2 M multiply-adds per call) stays on one thread: in the tiny decoder's steps
+// (attend serve-bench) every threshold from 2^18 to never gave 2 threads the speed of one.
 #pragma once
 
 #include <algorithm>
@@ -27,7 +28,7 @@
 
 namespace attend::detail {
 
-inline constexpr double kMultiplyAddsPerThread = 1048576.0;
+inline constexpr double kMultiplyAddsPerThread = 4194304.0;
 
 // The threads worth using for `multiply_adds` of work split into `items` independent items,
 // at most `num_threads` (>= 1); 1 means run inline.

@@ -216,7 +216,7 @@ TEST_P(GemmEveryTarget, Bf16OutputIsTheFloat32OutputRounded) {
   }
 }
 
-// 301 x 131 x 300 is about 11.8 M multiply-adds: worth 7 threads (work_size.hpp), and two
+// 301 x 131 x 300 is about 11.8 M multiply-adds: worth 3 threads (work_size.hpp), and two
 // depth passes (kDepthBlock 256).
 TEST_P(GemmEveryTarget, ResultDoesNotDependOnThreadCount) {
   test::ScopedSimdCap cap(GetParam());

@@ -17,7 +17,7 @@ namespace attend {
 
 // input (M, K), weight (N, K), bias (N) or null, output (M, N): float32, last stride 1.
 // The output must not overlap an input. num_threads 0: default_num_threads(); work below
-// about 2^20 multiply-adds per thread runs on fewer threads (one for a small product).
+// 2^22 multiply-adds per thread runs on fewer threads (one for a small product).
 // Throws attend::Error on a bad dtype, rank, shape, stride or overlap, before writing.
 void linear_into(const TensorView& input, const TensorView& weight, const TensorView* bias,
                  const TensorView& output, int num_threads = 0);
