@@ -1,6 +1,8 @@
 // tensor.cpp: Shape, TensorView, Tensor and dtype conversion.
 #include "attend/tensor.hpp"
 
+#include <omp.h>
+
 #include <cstdlib>
 #include <cstring>
 #if defined(__linux__)
@@ -14,6 +16,7 @@
 #include "dtype_table.hpp"
 #include "float8.hpp"
 #include "half.hpp"
+#include "work_size.hpp"
 
 namespace attend {
 
@@ -302,9 +305,9 @@ bool convert_float_rows(const TensorView& from, const TensorView& to) {
   const auto to_size = static_cast<int64_t>(dtype_size(to.dtype));
   // Rows are independent: large conversions (the kernels' staging copies, whose first touch
   // of fresh pages costs as much as the conversion) run on every thread.
+  // Smaller ones (a decoding step's appends to a cache) stay inline, without a parallel region.
   const bool parallel = rows > 1 && rows * n >= (int64_t{1} << 20);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t r = 0; r < rows; ++r) {
+  detail::parallel_for(parallel ? omp_get_max_threads() : 1, rows, [&](int64_t r) {
     int64_t from_offset = 0, to_offset = 0, rest = r;
     for (int d = rank - 2; d >= 0; --d) {
       const int64_t i = rest % from.shape[d];
@@ -314,7 +317,7 @@ bool convert_float_rows(const TensorView& from, const TensorView& to) {
     }
     convert_float_row(static_cast<const char*>(from.data) + from_offset * from_size, from.dtype,
                       static_cast<char*>(to.data) + to_offset * to_size, to.dtype, n);
-  }
+  });
   return true;
 }
 

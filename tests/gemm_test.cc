@@ -1,5 +1,6 @@
 // gemm_test: the Highway projection GEMM against a float64 naive product, on every SIMD
-// target this machine supports, and bitwise independence from the thread count.
+// target this machine supports, and bitwise independence from the thread count; its public
+// entry attend::linear_into (attend/linear.hpp): the same bits, its checks of bad input.
 #include "kernels/gemm.hpp"
 
 #include <gtest/gtest.h>
@@ -12,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "attend/error.hpp"
+#include "attend/linear.hpp"
 #include "attend/runtime.hpp"
 #include "cpu_features.hpp"
 #include "half.hpp"
@@ -213,9 +216,11 @@ TEST_P(GemmEveryTarget, Bf16OutputIsTheFloat32OutputRounded) {
   }
 }
 
+// 301 x 131 x 300 is about 11.8 M multiply-adds: worth 3 threads (work_size.hpp), and two
+// depth passes (kDepthBlock 256).
 TEST_P(GemmEveryTarget, ResultDoesNotDependOnThreadCount) {
   test::ScopedSimdCap cap(GetParam());
-  const int64_t M = 301, N = 131, K = 77;
+  const int64_t M = 301, N = 131, K = 300;
   const auto input = pseudo_random(static_cast<size_t>(M * K), 4);
   const auto weight = pseudo_random(static_cast<size_t>(N * K), 5);
   const auto bias = pseudo_random(static_cast<size_t>(N), 6);
@@ -234,6 +239,94 @@ TEST_P(GemmEveryTarget, ResultDoesNotDependOnThreadCount) {
       ASSERT_EQ(output[i], first[i]) << "element " << i << " with " << threads << " threads";
     }
   }
+}
+
+// linear_into over strided views (rows of wider buffers) gives the bits of linear() on the
+// same operands, with and without a bias, at any thread count, and leaves the padding alone.
+TEST(LinearInto, IsTheGemmOnStridedViews) {
+  for (const Problem& problem : kProblems) {
+    const int64_t M = problem.rows, N = problem.columns, K = problem.depth;
+    const int64_t input_stride = K + 3, weight_stride = K + 1, output_stride = N + 5;
+    const auto input = pseudo_random(static_cast<size_t>(M * input_stride), 11);
+    const auto weight = pseudo_random(static_cast<size_t>(N * weight_stride), 12);
+    const auto bias = pseudo_random(static_cast<size_t>(N), 13);
+    std::vector<float> expected(static_cast<size_t>(M * output_stride), 7.0f);
+    LinearParams p{M,
+                   N,
+                   K,
+                   input.data(),
+                   input_stride,
+                   weight.data(),
+                   weight_stride,
+                   problem.bias ? bias.data() : nullptr,
+                   expected.data(),
+                   output_stride,
+                   1,
+                   nullptr};
+    linear(p);
+    const TensorView input_view(const_cast<float*>(input.data()), DType::kFloat32,
+                                Shape({M, K}), Shape({input_stride, 1}));
+    const TensorView weight_view(const_cast<float*>(weight.data()), DType::kFloat32,
+                                 Shape({N, K}), Shape({weight_stride, 1}));
+    const TensorView bias_view(bias.data(), Shape({N}));
+    for (int threads : {1, 2, 3, 0}) {
+      std::vector<float> got(expected.size(), 7.0f);
+      linear_into(input_view, weight_view, problem.bias ? &bias_view : nullptr,
+                  TensorView(got.data(), DType::kFloat32, Shape({M, N}),
+                             Shape({output_stride, 1})),
+                  threads);
+      ASSERT_EQ(got, expected) << "M=" << M << " N=" << N << " K=" << K << ", " << threads
+                               << " threads";
+    }
+  }
+}
+
+// Bad input: a clear attend::Error naming the problem, and the output untouched.
+TEST(LinearInto, RejectsBadInput) {
+  std::vector<float> x(6 * 4, 1.0f), w(3 * 4, 1.0f), b(3, 1.0f), y(6 * 3, -1.0f);
+  const TensorView input(x.data(), Shape({6, 4})), weight(w.data(), Shape({3, 4}));
+  const TensorView bias(b.data(), Shape({3})), output(y.data(), Shape({6, 3}));
+  const auto expect_error = [&](const auto& call, const std::string& words) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected one with: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    for (const float v : y) ASSERT_EQ(v, -1.0f) << "the output was written: " << words;
+  };
+  std::vector<uint16_t> halves(6 * 4);
+  expect_error([&] {
+    linear_into(TensorView(halves.data(), DType::kBFloat16, Shape({6, 4})), weight, &bias,
+                output);
+  }, "input must be float32");
+  expect_error([&] { linear_into(TensorView(x.data(), Shape({24})), weight, &bias, output); },
+               "input must have 2 dimensions");
+  expect_error([&] { linear_into(TensorView(x.data(), Shape({8, 3})), weight, &bias, output); },
+               "in_features");
+  expect_error([&] { linear_into(input, weight, &output, output); }, "bias must have 1 dimension");
+  expect_error([&] {
+    const TensorView two(b.data(), Shape({2}));
+    linear_into(input, weight, &two, output);
+  }, "bias (2,) must have 3 elements");
+  expect_error([&] { linear_into(input, weight, &bias, TensorView(y.data(), Shape({3, 6}))); },
+               "output (3, 6) must be (6, 3)");
+  expect_error([&] {
+    linear_into(TensorView(x.data(), DType::kFloat32, Shape({6, 2}), Shape({4, 2})),
+                TensorView(w.data(), DType::kFloat32, Shape({3, 2}), Shape({4, 2})), &bias,
+                output);
+  }, "input must have a unit last stride");
+  expect_error([&] {
+    linear_into(input, weight, &bias,
+                TensorView(y.data(), DType::kFloat32, Shape({6, 3}), Shape({2, 1})));
+  }, "output rows overlap");
+  expect_error([&] {
+    linear_into(TensorView(y.data(), Shape({6, 3})),
+                TensorView(w.data(), Shape({3, 3})), nullptr, output);
+  }, "output overlaps input");
+  expect_error([&] { linear_into(input, weight, &bias, output, -1); }, "num_threads");
+  expect_error([&] { linear_into(TensorView(nullptr, DType::kFloat32, Shape({6, 4})), weight,
+                                 &bias, output); }, "null");
 }
 
 INSTANTIATE_TEST_SUITE_P(SupportedTargets, GemmEveryTarget,

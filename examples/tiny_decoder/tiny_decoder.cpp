@@ -1,5 +1,6 @@
-// tiny_decoder.cpp: the model of tiny_decoder.hpp. Plain loops for the projections (the
-// example is about the attention and the cache), one OpenMP loop over their dot products.
+// tiny_decoder.cpp: the model of tiny_decoder.hpp. The projections are attend's linear layer
+// (attend/linear.hpp), the attention the paged cache's; norms, RoPE's positions and the
+// residual adds are plain loops.
 #include "tiny_decoder.hpp"
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "attend/linear.hpp"
 #include "attend/rope.hpp"
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
@@ -23,43 +25,32 @@ Tensor random_matrix(int64_t rows, int64_t columns, std::mt19937_64& random) {
   return t;
 }
 
-// Σ_i x[i]·w[i] in SIMD partial sums (vectorized; the order is fixed by the build, so the
-// same bits at any thread count).
-float dot(const float* x, const float* w, int64_t n) {
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) sum += x[i] * w[i];
-  return sum;
-}
-
-// out (T, O) = in (T, I)·Wᵀ, W (O, I); added to out when `accumulate`.
+// out (T, O) = in (T, I)·Wᵀ, W (O, I), by attend's projection GEMM (attend::linear_into: SIMD
+// for this CPU, and as many threads as the product's size is worth, so a decoding step of a
+// few sequences stays on one thread and a batch of 32 or a prompt chunk uses them all); added
+// to out when `accumulate` (the residual: the product goes through `scratch` first).
 void project(const std::vector<float>& in, const Tensor& w, std::vector<float>& out,
-             bool accumulate, int threads) {
+             bool accumulate, int threads, std::vector<float>& scratch) {
   const int64_t outputs = w.shape()[0], inputs = w.shape()[1];
   const auto tokens = static_cast<int64_t>(in.size()) / inputs;
-  if (!accumulate) out.assign(static_cast<size_t>(tokens * outputs), 0.0f);
-  const float* weights = w.data_as<float>();
-  // Threads from 2^17 multiply-adds (tens of microseconds of these loops, against a few for
-  // waking and joining a thread on idle cores): a decoding step of a few sequences stays on
-  // one thread, a batch of 32 or a prompt chunk splits its dot products over all of them.
-  const int64_t products = tokens * outputs;
-  const bool parallel = products > 1 && products * inputs >= (int64_t{1} << 17);
-#pragma omp parallel for num_threads(threads) if (parallel) schedule(static)
-  for (int64_t n = 0; n < products; ++n) {
-    const int64_t t = n / outputs, o = n % outputs;
-    out[static_cast<size_t>(n)] += dot(in.data() + t * inputs, weights + o * inputs, inputs);
+  std::vector<float>& product = accumulate ? scratch : out;
+  product.resize(static_cast<size_t>(tokens * outputs));
+  linear_into(TensorView(in.data(), Shape({tokens, inputs})), w.view(), nullptr,
+              TensorView(product.data(), Shape({tokens, outputs})), threads);
+  if (accumulate) {
+    for (size_t n = 0; n < product.size(); ++n) out[n] += product[n];
   }
 }
 
-std::vector<float> rms_norm(const std::vector<float>& x, int64_t dim) {
-  std::vector<float> y(x.size());
+// y (T, dim) = x·rsqrt(mean(x²) + 1e-6) per token, the sum in float64; y resized to x's size.
+void rms_norm(const std::vector<float>& x, int64_t dim, std::vector<float>& y) {
+  y.resize(x.size());
   for (size_t t = 0; t < x.size() / static_cast<size_t>(dim); ++t) {
     double sum = 0;
     for (int64_t i = 0; i < dim; ++i) sum += double{x[t * dim + i]} * x[t * dim + i];
     const auto scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(dim) + 1e-6));
     for (int64_t i = 0; i < dim; ++i) y[t * dim + i] = x[t * dim + i] * scale;
   }
-  return y;
 }
 
 }  // namespace
@@ -105,42 +96,42 @@ void TinyDecoder::remove_sequence(int64_t id) {
 
 template <class Attend>
 void TinyDecoder::forward(std::vector<float>& x, const std::vector<int64_t>& positions,
-                          const Attend& attend_layer) const {
+                          const Attend& attend_layer, Buffers& b) const {
   const int64_t d = config_.model_dim, tokens = static_cast<int64_t>(positions.size());
   Tensor position_tensor(DType::kInt64, Shape({tokens}));
   std::copy(positions.begin(), positions.end(), position_tensor.data_as<int64_t>());
   const int threads = config_.num_threads;
-  std::vector<float> q, k, v, heads, hidden;
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
-    const std::vector<float> n = rms_norm(x, d);
-    project(n, layer.wq, q, false, threads);
-    project(n, layer.wk, k, false, threads);
-    project(n, layer.wv, v, false, threads);
-    const TensorView qv(q.data(), Shape({tokens, config_.heads, head_dim_}));
-    const TensorView kv(k.data(), Shape({tokens, config_.kv_heads, head_dim_}));
-    const TensorView vv(v.data(), Shape({tokens, config_.kv_heads, head_dim_}));
+    rms_norm(x, d, b.normed);
+    project(b.normed, layer.wq, b.q, false, threads, b.scratch);
+    project(b.normed, layer.wk, b.k, false, threads, b.scratch);
+    project(b.normed, layer.wv, b.v, false, threads, b.scratch);
+    const TensorView qv(b.q.data(), Shape({tokens, config_.heads, head_dim_}));
+    const TensorView kv(b.k.data(), Shape({tokens, config_.kv_heads, head_dim_}));
+    const TensorView vv(b.v.data(), Shape({tokens, config_.kv_heads, head_dim_}));
     apply_rope_at(qv, position_tensor.view());
     apply_rope_at(kv, position_tensor.view());
-    heads.assign(static_cast<size_t>(tokens * d), 0.0f);
+    b.heads.resize(static_cast<size_t>(tokens * d));  // every row written by the attention
     attend_layer(l, qv, kv, vv,
-                 TensorView(heads.data(), Shape({tokens, config_.heads, head_dim_})));
-    project(heads, layer.wo, x, true, threads);
-    const std::vector<float> m = rms_norm(x, d);
-    project(m, layer.w1, hidden, false, threads);
-    for (float& h : hidden) h = std::max(h, 0.0f);
-    project(hidden, layer.w2, x, true, threads);
+                 TensorView(b.heads.data(), Shape({tokens, config_.heads, head_dim_})));
+    project(b.heads, layer.wo, x, true, threads, b.scratch);
+    rms_norm(x, d, b.normed);
+    project(b.normed, layer.w1, b.hidden, false, threads, b.scratch);
+    for (float& h : b.hidden) h = std::max(h, 0.0f);
+    project(b.hidden, layer.w2, x, true, threads, b.scratch);
   }
 }
 
 std::vector<float> TinyDecoder::logits_of(const std::vector<float>& x,
-                                          const std::vector<int64_t>& rows) const {
+                                          const std::vector<int64_t>& rows, Buffers& b) const {
   const int64_t d = config_.model_dim;
-  std::vector<float> last;
+  b.heads.clear();  // the rows' hidden states, then normalized into b.normed
   for (const int64_t row : rows)
-    last.insert(last.end(), x.begin() + row * d, x.begin() + (row + 1) * d);
+    b.heads.insert(b.heads.end(), x.begin() + row * d, x.begin() + (row + 1) * d);
+  rms_norm(b.heads, d, b.normed);
   std::vector<float> logits;
-  project(rms_norm(last, d), embedding_, logits, false, config_.num_threads);
+  project(b.normed, embedding_, logits, false, config_.num_threads, b.scratch);
   return logits;
 }
 
@@ -169,10 +160,11 @@ std::vector<int32_t> TinyDecoder::step(const std::vector<int64_t>& ids,
               const TensorView& out) {
             layers_[l].cache->append(ids, k, v, cu.view());
             layers_[l].cache->attend(ids, q, cu.view(), out, options);
-          });
+          },
+          buffers_);
   std::vector<int64_t> last_rows;
   for (size_t s = 0; s < ids.size(); ++s) last_rows.push_back(cu.data_as<int32_t>()[s + 1] - 1);
-  logits_ = logits_of(x, last_rows);
+  logits_ = logits_of(x, last_rows, buffers_);
   std::vector<int32_t> next;
   const auto vocab = static_cast<size_t>(config_.vocab);
   for (size_t s = 0; s < ids.size(); ++s) {
@@ -194,6 +186,7 @@ std::vector<float> TinyDecoder::logits_without_cache(const std::vector<int32_t>&
   }
   AttentionOptions options;
   options.causal = true;
+  Buffers buffers;
   forward(x, positions,
           [&](size_t, const TensorView& q, const TensorView& k, const TensorView& v,
               const TensorView& out) {
@@ -204,8 +197,9 @@ std::vector<float> TinyDecoder::logits_without_cache(const std::vector<int32_t>&
             };
             scaled_dot_product_attention_into(heads_first(q), heads_first(k), heads_first(v),
                                               heads_first(out), nullptr, options);
-          });
-  return logits_of(x, {length - 1});
+          },
+          buffers);
+  return logits_of(x, {length - 1}, buffers);
 }
 
 uint64_t TinyDecoder::cache_bytes() const {

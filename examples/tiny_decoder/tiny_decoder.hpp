@@ -61,19 +61,26 @@ class TinyDecoder {
     Tensor wq, wk, wv, wo, w1, w2;  // (out, in)
     std::unique_ptr<PagedKvCache> cache;
   };
+  // A forward's intermediate (T, ·) rows, kept by step() from one step to the next so that
+  // a step allocates (and the kernel zeroes pages) only when a batch is larger than before.
+  struct Buffers {
+    std::vector<float> normed, q, k, v, heads, hidden, scratch;
+  };
   // x (T, model_dim) through the layers; positions[t] of each token; `attend_layer` runs
   // attention of layer l on q (T, H, E), k/v (T, Hkv, E) into out (T, H, E).
   template <class Attend>
   void forward(std::vector<float>& x, const std::vector<int64_t>& positions,
-               const Attend& attend_layer) const;
+               const Attend& attend_layer, Buffers& buffers) const;
   // Logits (rows.size(), vocab) of the rows `rows` of x.
-  std::vector<float> logits_of(const std::vector<float>& x, const std::vector<int64_t>& rows) const;
+  std::vector<float> logits_of(const std::vector<float>& x, const std::vector<int64_t>& rows,
+                               Buffers& buffers) const;
 
   TinyDecoderConfig config_;
   int64_t head_dim_;
   Tensor embedding_;  // (vocab, model_dim)
   std::vector<Layer> layers_;
   std::vector<float> logits_;
+  Buffers buffers_;
 };
 
 }  // namespace attend::example

@@ -4,6 +4,7 @@
 #include "attend/attention_options.hpp"
 #include "attend/error.hpp"
 #include "attend/kv_cache.hpp"
+#include "attend/linear.hpp"
 #include "attend/multihead.hpp"
 #include "attend/npy.hpp"
 #include "attend/plan.hpp"

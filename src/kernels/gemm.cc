@@ -24,6 +24,7 @@
 #include "attend/error.hpp"
 #include "half.hpp"
 #include "kernels/gemm.hpp"
+#include "work_size.hpp"
 
 // QuadSums, once per target.
 #include "kernels/kernel_common-inl.h"
@@ -121,23 +122,21 @@ void ForEachTile(const LinearParams& p, int threads, int64_t width, const Micro&
                  int64_t depth_block = kDepthBlock) {
   const int64_t panels = (p.columns + width - 1) / width;
   const int64_t row_blocks = (p.rows + kRowBlock - 1) / kRowBlock;
-#pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
-  for (int64_t panel = 0; panel < panels; ++panel) {
-    for (int64_t block = 0; block < row_blocks; ++block) {
-      Tile t;
-      t.panel = panel;
-      t.first_column = panel * width;
-      t.valid_columns = std::min(width, p.columns - t.first_column);
-      const int64_t block_end = std::min(p.rows, (block + 1) * kRowBlock);
-      for (t.k0 = 0; t.k0 == 0 || t.k0 < p.depth; t.k0 += depth_block) {
-        t.depth = std::min(depth_block, p.depth - t.k0);
-        for (t.row = block * kRowBlock; t.row < block_end; t.row += kMicroRows) {
-          t.rows = std::min(kMicroRows, block_end - t.row);
-          micro(t);
-        }
+  parallel_for(threads, panels * row_blocks, [&](int64_t task) {
+    const int64_t panel = task / row_blocks, block = task % row_blocks;
+    Tile t;
+    t.panel = panel;
+    t.first_column = panel * width;
+    t.valid_columns = std::min(width, p.columns - t.first_column);
+    const int64_t block_end = std::min(p.rows, (block + 1) * kRowBlock);
+    for (t.k0 = 0; t.k0 == 0 || t.k0 < p.depth; t.k0 += depth_block) {
+      t.depth = std::min(depth_block, p.depth - t.k0);
+      for (t.row = block * kRowBlock; t.row < block_end; t.row += kMicroRows) {
+        t.rows = std::min(kMicroRows, block_end - t.row);
+        micro(t);
       }
     }
-  }
+  });
 }
 
 // bfloat16 products (AVX-512 targets with AVX512_BF16, isa/avx512_bf16-inl.h): the input
@@ -186,8 +185,7 @@ void LinearBf16(const LinearParams& p, int threads) {
                 std::to_string((panels * kWidth + p.rows) * pairs * 4) +
                 " bytes to pack the operands");
   }
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t panel = 0; panel < panels; ++panel) {
+  parallel_for(threads, panels, [&](int64_t panel) {
     uint32_t* out = packed.get() + panel * pairs * kWidth;
     for (int64_t c = 0; c < kWidth; ++c) {
       const int64_t column = panel * kWidth + c;
@@ -200,12 +198,11 @@ void LinearBf16(const LinearParams& p, int threads) {
         out[k2 * kWidth + c] = PairOfFloats(lo, hi);
       }
     }
-  }
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t m = 0; m < p.rows; ++m) {
+  });
+  parallel_for(threads, p.rows, [&](int64_t m) {
     uint32_t* row = input.get() + m * pairs;
     HalfPairsAlongRow(p.input_bf16 + m * p.input_row_stride, p.depth, row, 1);
-  }
+  });
   const bool bf16_output = p.output_bf16 != nullptr;
   ForEachTile(
       p, threads, kWidth,
@@ -297,12 +294,11 @@ HWY_INLINE void FewRowsBlock(const LinearParams& p, int64_t m0, int64_t n0) {
 
 void FewRowsLinear(const LinearParams& p, int threads) {
   const int64_t column_groups = (p.columns + 3) / 4;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t group = 0; group < column_groups; ++group) {
+  parallel_for(threads, column_groups, [&](int64_t group) {
     int64_t m0 = 0;
     for (; m0 + 4 <= p.rows; m0 += 4) FewRowsBlock<4>(p, m0, group * 4);
     for (; m0 < p.rows; ++m0) FewRowsBlock<1>(p, m0, group * 4);
-  }
+  });
 }
 
 // Rows up to which FewRowsLinear beats packing (the packed micro-kernel's 6-row block would
@@ -316,7 +312,7 @@ void LinearImpl(const LinearParams& p) {
   // take about 10 us on one AVX-512 core.
   const double multiply_adds =
       static_cast<double>(p.rows) * static_cast<double>(p.columns) * static_cast<double>(p.depth);
-  const int threads = multiply_adds < (1 << 21) ? 1 : p.num_threads;
+  const int threads = threads_for_work(p.num_threads, multiply_adds);
   if (p.input_bf16 != nullptr) {  // linear() sends only what LinearBf16 takes
 #if ATTEND_GEMM_BF16
     return LinearBf16(p, threads);
@@ -339,8 +335,7 @@ void LinearImpl(const LinearParams& p) {
     throw Error("linear: cannot allocate " + std::to_string(packed_size * sizeof(float)) +
                 " bytes to pack the weight");
   }
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t panel = 0; panel < panels; ++panel) {
+  parallel_for(threads, panels, [&](int64_t panel) {
     float* out = packed.get() + panel * p.depth * panel_width;
     for (int64_t c = 0; c < panel_width; ++c) {
       const int64_t column = panel * panel_width + c;
@@ -353,7 +348,7 @@ void LinearImpl(const LinearParams& p) {
       const float* weight_row = p.weight + column * p.weight_row_stride;
       for (int64_t k = 0; k < p.depth; ++k) out[k * panel_width + c] = weight_row[k];
     }
-  }
+  });
 
   // 2. Tiles (panel, row block), each computed whole by one thread.
   ForEachTile(p, threads, panel_width, [&](const Tile& t) {
@@ -403,7 +398,7 @@ void LinearAmx(const LinearParams& p) {
   }
   const double multiply_adds =
       static_cast<double>(p.rows) * static_cast<double>(p.columns) * static_cast<double>(p.depth);
-  const int threads = multiply_adds < (1 << 21) ? 1 : p.num_threads;
+  const int threads = threads_for_work(p.num_threads, multiply_adds);
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)

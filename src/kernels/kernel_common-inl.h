@@ -16,6 +16,7 @@
 
 #include "attend/error.hpp"
 #include "sdpa_params.hpp"
+#include "work_size.hpp"
 
 #if HWY_ARCH_X86
 #include <xmmintrin.h>  // MXCSR: flush-to-zero and denormals-are-zero
@@ -125,16 +126,11 @@ class DenormalsAreZero {
 
 // Runs body(workspace, item) for items [0, items) on up to p.num_threads threads, each with
 // its own Workspace_(p) (null buffers when out of memory: ok() false), under FTZ/DAZ; inline
-// when one thread suffices for `multiply_adds`. Each item is computed by one thread with the same
-// instruction sequence whatever the thread count, so results are bitwise independent of it. A
-// thread is worth waking for about 2^22 multiply-adds (about 20 us on one AVX-512 core): waking one
-// takes microseconds with idle cores and up to a scheduler tick on a loaded machine.
-constexpr double kMultiplyAddsPerThread = 4194304.0;
-
-// The threads ParallelItems runs `items` items on (1: inline, no parallel region).
+// when one thread suffices for `multiply_adds` (work_size.hpp: the one rule of attend's
+// parallel regions). Each item is computed by one thread with the same instruction sequence
+// whatever the thread count, so results are bitwise independent of it.
 inline int ParallelThreads(const SdpaParams& p, double multiply_adds, int64_t items) {
-  const auto worth = static_cast<int64_t>(multiply_adds / kMultiplyAddsPerThread) + 1;
-  return static_cast<int>(std::min({int64_t{p.num_threads}, items, worth}));
+  return threads_for_work(p.num_threads, multiply_adds, items);
 }
 
 template <class Workspace_, class Body>

@@ -15,6 +15,7 @@
 #include "attend/runtime.hpp"
 #include "attend/sdpa.hpp"
 #include "attend/tensor.hpp"
+#include "work_size.hpp"
 
 namespace attend::detail {
 
@@ -38,9 +39,8 @@ void check_packed_output(const char* name, const TensorView& out, const Shape& e
 // of the work one after another on all threads, then the rest in parallel on one thread
 // each, the largest first. Each sequence's result does not depend on its thread count.
 // `dims` (E + Ev) sizes the work: a batch with less than kMultiplyAddsPerThread
-// multiply-adds per thread uses fewer threads (a decoding step of a small model: waking and
-// joining threads would cost more than the work, and far more on a busy host).
-inline constexpr double kScheduleMultiplyAddsPerThread = 4194304.0;
+// multiply-adds per thread uses fewer threads (work_size.hpp: waking and joining threads
+// would cost more than the work).
 
 template <class Body>
 void schedule_sequences(const std::vector<RaggedSequence>& sequences, int64_t heads, int64_t dims,
@@ -54,8 +54,7 @@ void schedule_sequences(const std::vector<RaggedSequence>& sequences, int64_t he
     work.emplace_back(w, s);
     total += w;
   }
-  const double worth = total * static_cast<double>(dims) / kScheduleMultiplyAddsPerThread + 1;
-  threads = static_cast<int>(std::min<double>(threads, std::max(1.0, worth)));
+  threads = threads_for_work(threads, total * static_cast<double>(dims));
   std::stable_sort(work.begin(), work.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   size_t first_small = 0;
