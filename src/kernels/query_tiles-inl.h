@@ -116,6 +116,7 @@ struct Bf16Operands {
   hwy::AlignedFreeUniquePtr<uint32_t[]> packed;       // key [count][E/2], then value [count/2][Ev]
   // The span's per-key scales of the scaled formats (int8, fp8; else null), [count] each.
   hwy::AlignedFreeUniquePtr<float[]> scales;          // key's [Lk], then value's [Lk]
+  hwy::AlignedFreeUniquePtr<int64_t[]> slots;         // [Lk]: the span's storage rows (SpanSlots)
   int64_t packed_words = 0;
   const void* key_from = nullptr;  // the span packed last: operands and first key
   const void* value_from = nullptr;
@@ -135,6 +136,10 @@ struct Bf16Operands {
       scales = hwy::AllocateAligned<float>(static_cast<size_t>(2 * std::max<int64_t>(p.key_len, 1)));
       if (!scales) return false;
     }
+    if (p.bf16_kv_products) {
+      slots = hwy::AllocateAligned<int64_t>(static_cast<size_t>(std::max<int64_t>(p.key_len, 1)));
+      if (!slots) return false;
+    }
     return query_pairs && prob_pairs && packed;
   }
 
@@ -149,7 +154,7 @@ struct Bf16Operands {
   // products (tile.key_half: bfloat16, or float16 for float16 products) copied as they are;
   // K and V as stored (bf16_kv_products: any kv_format, or float32) widened to bfloat16
   // (WidenStored, Bf16High), key j read from storage row p.key_slot(j) (the block table's
-  // row map), with their scales. The grouped-query tiles read a span once, and still copy K:
+  // row map, a block at a time: SpanSlots), with their scales. The grouped-query tiles read a span once, and still copy K:
   // the copy streams K in order, where the score blocks' 12 rows 512 B apart would each wait
   // on memory (BENCHMARKS.md, "Speculative verification as compute tiles").
   void Pack(const SdpaParams& p, const Tile& tile, int64_t span_begin, int64_t span_count) {
@@ -234,9 +239,21 @@ struct Bf16Operands {
     };
     float* key_scales = scales.get();
     float* value_scales = key_scales ? key_scales + p.key_len : nullptr;
+    int64_t* slot_of = slots.get();  // slot_of[j]: key span_begin + j's storage row
+    SpanSlots(p, span_begin, span_count, slot_of);
+    // Rows kPackAhead keys on are prefetched: a block table's runs of rows (and the other
+    // heads' rows between a head's) are too short for the hardware prefetchers, and the copy
+    // would otherwise wait on memory at each row.
+    constexpr int64_t kPackAhead = 16;
+    const auto prefetch = [](const char* row, int64_t bytes) {
+      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o, 0, 0);
+    };
     for (int64_t j = 0; j < span_count; ++j) {
-      const int64_t slot = p.key_slot(span_begin + j);
+      const int64_t slot = slot_of[j];
       const char* row = key_base + slot * key_row_bytes;
+      if (j + kPackAhead < span_count) {
+        prefetch(key_base + slot_of[j + kPackAhead] * key_row_bytes, e * element);
+      }
       auto* out = reinterpret_cast<uint16_t*>(k + j * e2);
       int64_t i = 0;
       for (; i + kLanes <= e; i += kLanes) {
@@ -248,11 +265,14 @@ struct Bf16Operands {
       if (key_scales) key_scales[j] = tile.key_scales[slot * p.key_scale_strides.row];
     }
     for (int64_t j = 0; j < span_count; j += 2) {
-      const int64_t slot0 = p.key_slot(span_begin + j);
+      const int64_t slot0 = slot_of[j];
       const bool pair = j + 1 < span_count;
-      const int64_t slot1 = pair ? p.key_slot(span_begin + j + 1) : slot0;
+      const int64_t slot1 = pair ? slot_of[j + 1] : slot0;
       const char* row0 = value_base + slot0 * value_row_bytes;
       const char* row1 = value_base + slot1 * value_row_bytes;
+      for (int64_t a = j + kPackAhead; a < std::min(j + kPackAhead + 2, span_count); ++a) {
+        prefetch(value_base + slot_of[a] * value_row_bytes, ev * element);
+      }
       uint32_t* out = v + (j / 2) * ev;
       int64_t c = 0;
       for (; c + kLanes <= ev; c += kLanes) {
