@@ -143,10 +143,18 @@ void run_over_stored_keys_batch(const std::vector<StoredKeysCall>& calls,
     prepare(c.query, c.stored.stand_in(false, DType::kFloat32),
             c.stored.stand_in(true, DType::kFloat32), problem, c.outputs, o, &c.stored,
             prepared[n]);
+    SdpaParams& p = prepared[n].params;
+    if (stored_kv_bf16_products(c.stored.key_blocks.dtype, options, problem.kv_group, p.query_len,
+                                p.key_len, p.head_dim, p.value_dim)) {
+      p.bf16_kv_products = true;  // the grouped-query tiles on vdpbf16ps
+      p.half_dtype = DType::kBFloat16;
+    }
   }
   for (PreparedCall& call : prepared) {
     if (!call.has_work) continue;
-    if (chosen_kernel_run(call.params, o.backend) == fused_sdpa_rows) {
+    // The grouped-query tiles (bfloat16 products) run a call at a time, over all threads.
+    if (chosen_kernel_run(call.params, o.backend) == fused_sdpa_rows &&
+        !call.params.half_products()) {
       rows.push_back(call.params);
     } else {
       run_kernel(call.params, o.backend);

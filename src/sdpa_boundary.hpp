@@ -47,9 +47,10 @@ struct StoredKeysCall {
 };
 // Every call of `calls`, the same options for all: each validated as its dense problem
 // first (an attend::Error before any output is written), float32 products on K and V
-// widened in registers; those the row groups run (all of them but for a forced reference
-// backend) as one work list over the options' threads (fused_sdpa_rows_batch), the rest one
-// after another. Each call's results are bitwise those of the dense call on it alone (the
+// widened in registers, or bfloat16 products in the grouped-query tiles where
+// stored_kv_bf16_products (boundary/operands.hpp) says so; those the row groups run (all
+// the others but for a forced reference backend) as one work list over the options' threads
+// (fused_sdpa_rows_batch), the rest one after another. Each call's results are bitwise those of the dense call on it alone (the
 // same row groups, key split and merge), whatever the other calls and the thread count.
 void run_over_stored_keys_batch(const std::vector<StoredKeysCall>& calls,
                                 const AttentionOptions& options);

@@ -57,7 +57,13 @@ struct SdpaParams {
   const uint16_t* value_half = nullptr;
   //  - float16 products (ComputePrecision::kFloat16, AVX512_FP16; kernels/isa/avx512_fp16-inl.h):
   //    the same three, all float16 (half_dtype kFloat16), in the same pair layout.
-  bool half_products() const { return query_half != nullptr; }
+  //  - bfloat16 products on float32 queries and K/V as stored (kv_format, any of them) or
+  //    through the block table: bf16_kv_products, the grouped-query tiles only
+  //    (shape_policy.hpp, 5.), which round the queries to bfloat16 as they load them and
+  //    widen K and V into bfloat16 pairs per thread and key span (query_tiles-inl.h,
+  //    Bf16Operands::Pack): int8 and fp8 codes exactly, their scales applied in float32.
+  bool bf16_kv_products = false;
+  bool half_products() const { return query_half != nullptr || bf16_kv_products; }
   bool bf16_products() const { return half_products() && half_dtype == DType::kBFloat16; }
   bool f16_products() const { return half_products() && half_dtype == DType::kFloat16; }
   // bfloat16 products on AMX tiles (kernels/isa/amx_bf16.hpp) rather than AVX512_BF16:
@@ -91,8 +97,8 @@ struct SdpaParams {
   // key + batch offset + slot · key_strides.row (V and the scales alike), so that a paged
   // cache is read in place whatever the block order. block_rows: rows from one block to the
   // next (block_size when a block's rows hold every head, Hkv · block_size when each head's
-  // rows are adjacent). Null: slot j = j (contiguous keys). Read by the row groups and the
-  // reference only.
+  // rows are adjacent). Null: slot j = j (contiguous keys). Read by the row groups, the
+  // grouped-query tiles' bfloat16 pairs (bf16_kv_products) and the reference.
   const int32_t* block_table = nullptr;
   int64_t block_size = 0;
   int64_t block_rows = 0;

@@ -139,8 +139,11 @@ inline bool FitsAmxTiles(int64_t key_len, int64_t head_dim, int64_t value_dim) {
 // thread and key span as the query tiles pack them (FitsPackedBf16), which the boundary
 // chooses for these shapes (GroupsQueryRows) where the precision policy gives the query tiles
 // bfloat16 products: 2·G·Lq FLOPs per 2-byte K/V element, 32 per byte at decode-verify4's
-// G·Lq = 32, past what float32 FMAs reach at memory speed; not through a block table, not
-// int8 or fp8, not float16 products. Only the rules that
+// G·Lq = 32, past what float32 FMAs reach at memory speed; or bfloat16 products on float32
+// queries and K/V as stored in any format, in place or through a block table
+// (SdpaParams::bf16_kv_products: a paged cache's blocks, int8 and fp8 by default, 64 FLOPs
+// per int8 byte at G·Lq = 32; boundary/operands.hpp, stored_kv_bf16_products), widened into
+// the same per-thread pairs. Not float16 products, not AMX tiles. Only the rules that
 // depend on the query position and the head alone (causal, window, prefix, ALiBi, softcap,
 // sinks): not a mask, bias, documents, user rules, dropout or weights, which index per
 // (batch, query) pair the tiles' rule layer reads a tile at a time.
@@ -171,9 +174,13 @@ inline bool PacksGroupedQueries(const SdpaParams& p, int64_t lanes) {
                             FitsPackedFloats(p.key_len, p.head_dim, p.value_dim);
   const bool float32_products =
       (float32_in_place || half_widened) && p.query != nullptr && !p.half_products();
-  const bool bf16_pairs = p.bf16_products() && !p.amx_tiles && p.value_half != nullptr &&
+  // bfloat16 pairs from bfloat16 Q, K and V in place, or from float32 queries and K/V as
+  // stored or through the block table (bf16_kv_products).
+  const bool pairs_from = p.bf16_kv_products ? p.query != nullptr && p.query_half == nullptr
+                                             : p.value_half != nullptr && p.block_table == nullptr;
+  const bool bf16_pairs = p.bf16_products() && !p.amx_tiles && pairs_from &&
                           FitsPackedBf16(p.key_len, p.head_dim, p.value_dim);
-  const bool operands = (float32_products || bf16_pairs) && p.block_table == nullptr;
+  const bool operands = (float32_products && p.block_table == nullptr) || bf16_pairs;
   const bool row_rules_only =
       GroupedTilesTakeRules(p.mask != nullptr, p.bias != nullptr, p.segment_query != nullptr,
                             p.user_rules != nullptr, p.dropout, p.weights != nullptr);

@@ -192,4 +192,21 @@ inline PagedRowTolerance paged_row_tolerance(double a, int64_t key_len, int64_t 
   return {(gamma_n(head_dim) + 6 * kUnitRoundoff) * a, key_len, head_dim};
 }
 
+// bfloat16's unit roundoff: 8 significant bits, a relative 2^-8 from nearest-even rounding.
+inline constexpr double kBf16UnitRoundoff = 1.0 / 256.0;
+
+// The same row with bfloat16 products (the grouped-query tiles over a paged cache:
+// boundary/operands.hpp, stored_kv_bf16_products), against the float64 listing on the
+// operands as the kernel rounds them: the queries rounded to bfloat16, K and V as stored
+// (int8 and fp8 codes and bfloat16 are exact in bfloat16; float16 and float32 K/V rounded to
+// bfloat16 by the test too where the kernel rounds them). Then the products of bfloat16 pairs
+// are exact in float32 and accumulate as float32 dot products do, the key's scale one
+// rounding (the score error δ of paged_row_tolerance), and the one new error is P's: each
+// probability P_j (times V's scale, one rounding) rounded to bfloat16 for P·V while the sum l
+// keeps it in float32, so Σ_j |ΔP_j|·|v_j| / l <= 2^-8·max|v|: the output's tolerance gains
+// kSafety·2^-8·max|v|.
+inline double paged_bf16_output_tolerance(const PagedRowTolerance& t, double max_value) {
+  return t.output(max_value) + kSafety * kBf16UnitRoundoff * max_value;
+}
+
 }  // namespace attend::test

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <ostream>
@@ -18,6 +19,8 @@
 #include "attend/kv_cache.hpp"
 #include "attend/runtime.hpp"
 #include "attend/varlen.hpp"
+#include "boundary/operands.hpp"
+#include "cpu_features.hpp"
 #include "error_model.hpp"
 #include "serving_support.hpp"
 #include "test_support.hpp"
@@ -96,6 +99,27 @@ Tensor pack(const std::vector<Tensor>& parts) {
     at += t.numel();
   }
   return all;
+}
+
+// Whether a paged call of this shape computes on bfloat16 products (the library's own rule,
+// boundary/operands.hpp: the tests pick their error model by it and check separately that
+// the rule is what the issue asks: PagedBf16Products below).
+bool paged_bf16_products(DType format, const AttentionOptions& options, int64_t group, int64_t lq,
+                         int64_t key_len, int64_t head_dim, int64_t value_dim) {
+  return detail::stored_kv_bf16_products(format, options, group, lq, key_len, head_dim,
+                                         value_dim);
+}
+
+// A contiguous copy of `view` in `dtype` (rounded to nearest even).
+Tensor copy_as(const TensorView& view, DType dtype) {
+  Tensor t(dtype, view.shape);
+  convert(view, t.view());
+  return t;
+}
+
+// A float32 copy of `view` rounded to bfloat16 (nearest even), as the kernel rounds queries.
+Tensor bf16_rounded(const TensorView& view) {
+  return copy_as(copy_as(view, DType::kBFloat16).view(), DType::kFloat32);
 }
 
 struct DecodeCase {
@@ -186,8 +210,14 @@ TEST_P(PagedDecode, EqualsTheListingOnTheStoredValues) {
       cache.attend(ids, q.view(), cu_q.view(), out.view(), options);
       AttentionOptions exact = options;
       exact.backend = Backend::kReference;
-      const Tensor want =
-          varlen_attention(q.view(), all_k.view(), all_v.view(), cu_q.view(), cu_k.view(), exact);
+      // bfloat16 products (the grouped-query tiles, stored_kv_bf16_products): the listing on
+      // the queries rounded as the kernel rounds them (paged_bf16_output_tolerance).
+      const bool bf16 = paged_bf16_products(dc.format, options, dc.group, lq,
+                                            *std::max_element(lens.begin(), lens.end()),
+                                            dc.head_dim, kValueDim);
+      const Tensor q_listed = bf16 ? bf16_rounded(q.view()) : copy_as(q.view(), DType::kFloat32);
+      const Tensor want = varlen_attention(q_listed.view(), all_k.view(), all_v.view(),
+                                           cu_q.view(), cu_k.view(), exact);
       // Error model (tests/error_model.hpp, paged_row_tolerance) per row: scores of size
       // A = |scale|·||q||·max||k|| + max|ALiBi| + softcap, each within (γ_E + 6u)·A (the
       // scale of a quantized key adds one rounding); the output within
@@ -212,11 +242,12 @@ TEST_P(PagedDecode, EqualsTheListingOnTheStoredValues) {
         for (int64_t h = 0; h < heads; ++h) {
           double q2 = 0;
           for (int64_t e = 0; e < dc.head_dim; ++e) {
-            const double x = q.data_as<float>()[(t * heads + h) * dc.head_dim + e];
+            const double x = q_listed.data_as<float>()[(t * heads + h) * dc.head_dim + e];
             q2 += x * x;
           }
           const double a = scale * std::sqrt(q2) * max_k + static_cast<double>(lk) + 30.0;
-          const double tol = paged_row_tolerance(a, lk, dc.head_dim).output(max_v);
+          const PagedRowTolerance row = paged_row_tolerance(a, lk, dc.head_dim);
+          const double tol = bf16 ? paged_bf16_output_tolerance(row, max_v) : row.output(max_v);
           for (int64_t c = 0; c < kValueDim; ++c) {
             const int64_t n = (t * heads + h) * kValueDim + c;
             ASSERT_NEAR(out.data_as<float>()[n], want.data_as<float>()[n], tol)
@@ -270,6 +301,164 @@ INSTANTIATE_TEST_SUITE_P(Formats, PagedDecode, ::testing::ValuesIn(decode_cases(
                                '_');
                            return name;
                          });
+
+// The precision rule of paged calls (boundary/operands.hpp, stored_kv_bf16_products) on a
+// speculative-verification shape (G 8 × Lq 4 = 32 rows per K/V head): float32 and float16
+// caches keep float32 products by default (bitwise kFloat32's results); int8 and fp8 caches
+// take the grouped-query tiles' bfloat16 products where the CPU has AVX512_BF16 (their bits
+// differ from kFloat32's, within the bfloat16 error model of the listing); kBFloat16 takes them
+// for float16 caches too (K and V rounded to bfloat16, as the listing here rounds them).
+// Without AVX512_BF16 every format keeps float32 products, and the test says so.
+TEST(PagedBf16Products, ChosenByFormatAndPrecision) {
+  constexpr int64_t kGroup = 8, kQueries = 4, kKvHeads = 2, kDim = 64;
+  const bool native = detail::native_bf16_products();
+  if (!native) {
+    std::printf("[ SKIPPED  ] bfloat16 products of paged calls: %s; checking float32 only\n",
+                detail::why_no_bf16_products());
+  }
+  for (const DType format : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt8,
+                             DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    KvCacheConfig config;
+    config.num_blocks = 40;
+    config.block_size = 16;
+    config.kv_heads = kKvHeads;
+    config.head_dim = config.value_dim = kDim;
+    config.dtype = format;
+    PagedKvCache cache(config);
+    const std::vector<int64_t> ids = {cache.add_sequence(), cache.add_sequence()};
+    uint32_t seed = 11;
+    for (const auto& lens : {std::vector<int64_t>{100, 21}, std::vector<int64_t>{200, 56}}) {
+      const int64_t total = lens[0] + lens[1];
+      const Tensor k = random_tensor(Shape({total, kKvHeads, kDim}), seed++, 2.0);
+      const Tensor v = random_tensor(Shape({total, kKvHeads, kDim}), seed++);
+      const Tensor cu = offsets(lens);
+      cache.append(ids, k.view(), v.view(), cu.view());  // lengths 300 and 77, blocks interleaved
+    }
+    const Tensor q = random_tensor(Shape({2 * kQueries, kKvHeads * kGroup, kDim}), seed++);
+    const Tensor cu_q = offsets({kQueries, kQueries});
+    AttentionOptions options;
+    options.causal = true;
+    options.window = SlidingWindow{40, 0};
+    const auto attend = [&](ComputePrecision compute) {
+      AttentionOptions o = options;
+      o.compute = compute;
+      Tensor out(DType::kFloat32, Shape({2 * kQueries, kKvHeads * kGroup, kDim}));
+      cache.attend(ids, q.view(), cu_q.view(), out.view(), o);
+      return out;
+    };
+    const std::string what = dtype_name(format);
+    const Tensor f32 = attend(ComputePrecision::kFloat32);
+    const Tensor automatic = attend(ComputePrecision::kAuto);
+    const bool scaled = format == DType::kInt8 || format == DType::kFloat8E4M3 ||
+                        format == DType::kFloat8E5M2;
+    const bool auto_bf16 =
+        paged_bf16_products(format, options, kGroup, kQueries, 300, kDim, kDim);
+    EXPECT_EQ(auto_bf16, native && (scaled || (format == DType::kBFloat16 &&
+                                               detail::cpu_vendor() == detail::CpuVendor::kAmd)))
+        << what;
+    EXPECT_EQ(same_bits(automatic, f32), !auto_bf16) << what;
+    if (!native) continue;
+    // kBFloat16 reads every format in place on bfloat16 products (a float16 or float32
+    // cache's K and V rounded to bfloat16): the listing on the operands so rounded.
+    const bool rounds_kv = format == DType::kFloat32 || format == DType::kFloat16;
+    for (const bool requested : {false, true}) {
+      if (!requested && !auto_bf16) continue;
+      const Tensor requested_out = requested ? attend(ComputePrecision::kBFloat16) : Tensor();
+      const Tensor& got = requested ? requested_out : automatic;
+      const Tensor q_listed = bf16_rounded(q.view());
+      std::vector<Tensor> keys, values;
+      std::vector<int64_t> lens;
+      for (int64_t id : ids) {
+        Tensor k = stored_rows(cache, id, false), v = stored_rows(cache, id, true);
+        keys.push_back(rounds_kv ? bf16_rounded(k.view()) : std::move(k));
+        values.push_back(rounds_kv ? bf16_rounded(v.view()) : std::move(v));
+        lens.push_back(cache.length(id));
+      }
+      const Tensor all_k = pack(keys), all_v = pack(values), cu_k = offsets(lens);
+      AttentionOptions exact = options;
+      exact.backend = Backend::kReference;
+      const Tensor want = varlen_attention(q_listed.view(), all_k.view(), all_v.view(),
+                                           cu_q.view(), cu_k.view(), exact);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(kDim));
+      for (int64_t t = 0; t < 2 * kQueries; ++t) {
+        const size_t s = static_cast<size_t>(t / kQueries);
+        double max_k = 0, max_v = 0;
+        for (int64_t j = 0; j < lens[s] * kKvHeads; ++j) {
+          double n2 = 0;
+          for (int64_t e = 0; e < kDim; ++e) {
+            const double x = keys[s].data_as<float>()[j * kDim + e];
+            n2 += x * x;
+            max_v = std::max(max_v, std::abs(double{values[s].data_as<float>()[j * kDim + e]}));
+          }
+          max_k = std::max(max_k, std::sqrt(n2));
+        }
+        for (int64_t h = 0; h < kKvHeads * kGroup; ++h) {
+          double q2 = 0;
+          for (int64_t e = 0; e < kDim; ++e) {
+            const double x = q_listed.data_as<float>()[(t * kKvHeads * kGroup + h) * kDim + e];
+            q2 += x * x;
+          }
+          const double tol = paged_bf16_output_tolerance(
+              paged_row_tolerance(scale * std::sqrt(q2) * max_k, lens[s], kDim), max_v);
+          for (int64_t c = 0; c < kDim; ++c) {
+            const int64_t n = (t * kKvHeads * kGroup + h) * kDim + c;
+            ASSERT_NEAR(got.data_as<float>()[n], want.data_as<float>()[n], tol)
+                << what << (requested ? ", kBFloat16" : ", kAuto") << ", token " << t
+                << ", head " << h << ", column " << c;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The grouped-query tiles' bfloat16 products through a block table split long sequences
+// into key chunks: the same bits at 1 to 4 threads, and the same bits whichever sequences
+// share the call (each sequence runs as its own dense call would).
+TEST(PagedBf16Products, BitwiseAtAnyThreadCountAndBatch) {
+  if (!detail::native_bf16_products()) {
+    GTEST_SKIP() << "bfloat16 products: " << detail::why_no_bf16_products();
+  }
+  for (const DType format : {DType::kInt8, DType::kFloat8E5M2}) {
+    KvCacheConfig config;
+    config.num_blocks = 200;
+    config.block_size = 16;
+    config.kv_heads = 2;
+    config.head_dim = config.value_dim = 32;
+    config.dtype = format;
+    PagedKvCache cache(config);
+    const std::vector<int64_t> ids = {cache.add_sequence(), cache.add_sequence()};
+    const std::vector<int64_t> lens = {1500, 333};
+    const Tensor k = random_tensor(Shape({1833, 2, 32}), 21);
+    const Tensor v = random_tensor(Shape({1833, 2, 32}), 22);
+    const Tensor cu = offsets(lens);
+    cache.append(ids, k.view(), v.view(), cu.view());
+    const Tensor q = random_tensor(Shape({10, 2 * 8, 32}), 23);
+    const Tensor cu_q = offsets({5, 5});
+    AttentionOptions options;
+    options.causal = true;
+    const Tensor sinks = random_tensor(Shape({16}), 24);
+    options.sinks = sinks.view();
+    Tensor first;
+    for (const int threads : {1, 2, 3, 4}) {
+      options.num_threads = threads;
+      Tensor out(DType::kFloat32, Shape({10, 16, 32}));
+      cache.attend(ids, q.view(), cu_q.view(), out.view(), options);
+      if (threads == 1) {
+        first = std::move(out);
+      } else {
+        EXPECT_TRUE(same_bits(out, first)) << dtype_name(format) << ", " << threads << " threads";
+      }
+    }
+    // The first sequence alone: its rows' bits as in the batch of two.
+    Tensor alone(DType::kFloat32, Shape({5, 16, 32}));
+    const Tensor cu_one = offsets({5});
+    Tensor q_one(DType::kFloat32, Shape({5, 16, 32}));
+    std::memcpy(q_one.data(), q.data(), q_one.nbytes());
+    cache.attend({ids[0]}, q_one.view(), cu_one.view(), alone.view(), options);
+    EXPECT_EQ(std::memcmp(alone.data(), first.data(), alone.nbytes()), 0) << dtype_name(format);
+  }
+}
 
 // Blocks whose row stride is 0 (block size 1, a broadcast view) cannot be read through the
 // block table's slots: they are gathered, never divided by their stride.

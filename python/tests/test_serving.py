@@ -103,8 +103,33 @@ def check_against_dense(cache, ids, q_lens, seed):
         rows = slice(cu_q[s], cu_q[s + 1])
         if n > 16 or (n <= 2 and not quantized and not short_keys[s]):
             assert same_bits(got[rows], want[rows]), (s, np.abs(got[rows] - want[rows]).max())
+        elif bf16_products_possible(cache, n) and not np.allclose(
+                got[rows], want[rows], rtol=1e-5, atol=2e-6):
+            # bfloat16 products (the grouped-query tiles where the CPU has AVX512_BF16:
+            # boundary/operands.hpp, stored_kv_bf16_products): against the listing on the
+            # queries rounded to bfloat16, each probability rounded to bfloat16 for P·V adds
+            # at most 2^-8·max|v| (tests/error_model.hpp, paged_bf16_output_tolerance).
+            want_bf16 = dense(cache, ids, round_bf16(query), cu_q)
+            max_v = np.abs(stored(cache, ids[s])[1]).max()
+            np.testing.assert_allclose(got[rows], want_bf16[rows], rtol=1e-5,
+                                       atol=4 * 2**-8 * max_v + 2e-6)
         else:
             np.testing.assert_allclose(got[rows], want[rows], rtol=1e-5, atol=2e-6)
+
+
+def round_bf16(x):
+    """float32 x rounded to bfloat16 (nearest even), as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return rounded.view(np.float32)
+
+
+def bf16_products_possible(cache, n):
+    """Whether a paged call of n queries per sequence may run on bfloat16 products: int8,
+    fp8 and bfloat16 caches, G·Lq >= 9 rows per K/V head with Lq <= 8 (AVX-512's grouped-query
+    tiles), where the CPU has AVX512_BF16."""
+    formats = ("int8", "float8_e4m3", "float8_e5m2", "bfloat16")
+    return cache.dtype in formats and n <= 8 and n * (HEADS // KV_HEADS) >= 9
 
 
 def test_varlen_is_bitwise_the_dense_calls():

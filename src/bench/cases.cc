@@ -407,6 +407,49 @@ const std::vector<BenchCase>& bench_cases() {
        .target = {TargetKind::kMinSpeedup, 0.77},
        .summary = "decode-verify4 with bfloat16 Q, K, V: grouped-query tile on bfloat16 products",
        .baseline = "decode-verify1-bf16"},
+      // Speculative verification over quantized paged caches (issue 21, item 4): decode-verify4's
+      // 32 rows per K/V head (8 query heads × 4 queries), 64 FLOPs per int8 byte. On
+      // AVX512_BF16 the grouped-query tiles on bfloat16 products (codes exact, scales in
+      // float32; boundary/operands.hpp, stored_kv_bf16_products), else the row groups; the -f32
+      // case opts out (ComputePrecision::kFloat32: the row groups' float32 products), the
+      // yardstick of the speedup.
+      {.name = "decode-verify4-int8-f32",
+       .shape = {.heads = 32,
+                 .query_len = 4,
+                 .key_len = 8192,
+                 .head_dim = 128,
+                 .causal = true,
+                 .kv_heads = 4,
+                 .compute = ComputePrecision::kFloat32},
+       .workload = Workload::kPagedDecode,
+       .target = {TargetKind::kNone, 0},
+       .summary = "decode-verify4 over an int8 PagedKvCache with float32 products (row groups)",
+       .paged = {.format = DType::kInt8}},
+      {.name = "decode-verify4-int8",
+       .shape = {.heads = 32,
+                 .query_len = 4,
+                 .key_len = 8192,
+                 .head_dim = 128,
+                 .causal = true,
+                 .kv_heads = 4},
+       .workload = Workload::kPagedDecode,
+       .target = {TargetKind::kNone, 0},
+       .summary = "decode-verify4 over an int8 PagedKvCache: grouped-query tile, bfloat16 products",
+       .baseline = "decode-verify4-int8-f32",
+       .paged = {.format = DType::kInt8}},
+      {.name = "decode-verify4-fp8",
+       .shape = {.heads = 32,
+                 .query_len = 4,
+                 .key_len = 8192,
+                 .head_dim = 128,
+                 .causal = true,
+                 .kv_heads = 4},
+       .workload = Workload::kPagedDecode,
+       .target = {TargetKind::kNone, 0},
+       .summary = "decode-verify4 over a float8_e4m3 PagedKvCache: grouped-query tile, bfloat16 "
+                  "products",
+       .baseline = "decode-verify4-int8-f32",
+       .paged = {.format = DType::kFloat8E4M3}},
       {.name = "decode-batch",
        .shape = {.heads = 32, .key_len = 8192, .head_dim = 128, .causal = true, .kv_heads = 4},
        .workload = Workload::kPagedDecode,
@@ -703,6 +746,7 @@ std::function<void()> make_paged_workload(const BenchCase& c, int num_threads) {
   State& st = *state;
   st.options.causal = s.causal;
   st.options.num_threads = num_threads;
+  st.options.compute = s.compute;
   st.query = Tensor(DType::kFloat32, Shape{batch * lq, s.heads, s.head_dim});
   fill_uniform(st.query, 1);
   st.output = Tensor::zeros(DType::kFloat32, Shape{batch * lq, s.heads, s.head_dim});

@@ -13,6 +13,7 @@
 #include "half.hpp"
 #include "kernels/fused_sdpa.hpp"
 #include "kernels/isa/f16_chains.hpp"
+#include "kv_format.hpp"
 #include "score_rules.hpp"
 #include "shape_policy.hpp"
 
@@ -215,6 +216,28 @@ OperandChoice choose_operands(const TensorView& query, const TensorView& value,
 }
 
 }  // namespace
+
+bool stored_kv_bf16_products(DType format, const AttentionOptions& options, int64_t kv_group,
+                             int64_t query_len, int64_t key_len, int64_t head_dim,
+                             int64_t value_dim) {
+  if (options.backend == Backend::kReference || !native_bf16_products()) return false;
+  if (!GroupsQueryRows(kv_group, query_len, fused_lanes()) ||
+      !FitsPackedBf16(key_len, head_dim, value_dim) || !grouped_tiles_take(options)) {
+    return false;
+  }
+  switch (options.compute) {
+    case ComputePrecision::kBFloat16:
+      return true;
+    case ComputePrecision::kAuto:
+      break;
+    default:
+      return false;
+  }
+  if (is_scaled_kv_format(format)) return true;
+  return format == DType::kBFloat16 &&
+         bf16_products(DType::kBFloat16, ComputePrecision::kAuto, ProductSite::kAttention,
+                       false) == Bf16Products::kAvx512Bf16;
+}
 
 SdpaParams make_params(const TensorView& query, const TensorView& key, const TensorView& value,
                        const Problem& problem, const AttentionOptions& options,

@@ -75,6 +75,25 @@ inline bool wants_bf16_products(DType input_dtype, ComputePrecision compute,
 // the CPU (or the SIMD cap) has no AVX512_FP16.
 bool wants_f16_products(ComputePrecision compute);
 
+// Attention over K and V as stored in `format` (kv_format.hpp: a paged cache's blocks, read in
+// place; sdpa_boundary.hpp's StoredKeys) with float32 queries: whether it computes on
+// bfloat16 products in the grouped-query tiles (SdpaParams::bf16_kv_products; shape_policy.hpp,
+// 5.), where the shape takes them (GroupsQueryRows of kv_group query heads per K/V head and
+// query_len queries, FitsPackedBf16, only the rules of a row's position and head) on
+// AVX512_BF16, and the precision says so:
+//   kAuto       int8, float8_e4m3, float8_e5m2: yes (the codes are exact in bfloat16 and the
+//               scales applied in float32, so only Q and P are rounded, 2^-9 each, well under
+//               the quantization's 2^-8 to 2^-3); bfloat16: as the policy gives bfloat16
+//               inputs vdpbf16ps (choose_bf16_products: AMD); float16, float32: no (float32
+//               products, bitwise the widened inputs' results, as for float16 inputs
+//               elsewhere);
+//   kBFloat16   every format (float16 and float32 K/V rounded to bfloat16 as they are packed);
+//   kFloat32, kFloat16: no.
+// Otherwise the row groups run the call with float32 products on the widened K and V.
+bool stored_kv_bf16_products(DType format, const AttentionOptions& options, int64_t kv_group,
+                             int64_t query_len, int64_t key_len, int64_t head_dim,
+                             int64_t value_dim);
+
 // SdpaParams with sizes, inputs, mask, bias and options filled (outputs null); the inputs in
 // the precision of the products (AttentionOptions::compute): float32, or bfloat16 or float16
 // for the forward's query tiles (never `for_backward`; float16 only where its chains stay

@@ -146,8 +146,7 @@ void RunAllTiles(const SdpaParams& p) {
         }
 #endif
         if constexpr (!std::is_void_v<Products>) {
-          ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
-                       span.begin, span.count);
+          ws.bf16.Pack(p, tile, span.begin, span.count);
         } else if (p.half_kv() || (pack && span.partial == nullptr)) {
           PackKeysAndValues(p, ws.packed, tile);
         }
@@ -167,7 +166,8 @@ void RunAllTiles(const SdpaParams& p) {
 // (RunItems' `merged`), which writes it to its own head's output and log-sum-exp.
 //   item = group index · tiles_per_group + tile; tile t holds packed rows [t·Tq, t·Tq + Tq).
 // Products: void (float32 products) or Avx512Bf16 (bfloat16 Q, K and V; K and V packed as
-// pairs once per thread and key span, as the query tiles pack them: Bf16Operands::Pack).
+// pairs once per thread and key span, as the query tiles pack them: Bf16Operands::Pack, which
+// also widens K and V as stored, in place or through a block table: bf16_kv_products).
 template <int QV, class Products>
 void RunGroupedTiles(const SdpaParams& p, int64_t group) {
   constexpr int64_t tq = QV * kLanes;
@@ -180,8 +180,7 @@ void RunGroupedTiles(const SdpaParams& p, int64_t group) {
         Tile tile = MakeTile(p, item / tiles_per_group * group, r0, std::min(tq, packed_rows - r0));
         tile.group = group;
         if constexpr (!std::is_void_v<Products>) {
-          ws.bf16.Pack(p, tile.key_half, tile.key_stride, tile.value_half, tile.value_stride,
-                       span.begin, span.count);
+          ws.bf16.Pack(p, tile, span.begin, span.count);
         } else if (p.half_kv()) {
           PackKeysAndValues(p, ws.packed, tile);  // widened once per thread
         }
@@ -198,15 +197,24 @@ void RunGroupedTiles(const SdpaParams& p, int64_t group) {
       1, true);
 }
 
+// run(std::integral_constant<int, QV>) for QV = TileVectors(rows) (shape_policy.hpp): the
+// query tiles' height for `rows` rows per batch index (or per K/V head's packed rows).
+template <class Run>
+void WithTileVectors(int64_t rows, const Run& run) {
+  const int64_t vectors = TileVectors(rows, kLanes);
+  if (vectors == 4) return run(std::integral_constant<int, 4>{});
+  if (vectors == 3) return run(std::integral_constant<int, 3>{});
+  if (vectors == 2) return run(std::integral_constant<int, 2>{});
+  return run(std::integral_constant<int, 1>{});
+}
+
 // Grouped-query tiles of TileVectors(G·Lq) vectors.
 template <class Products>
 void RunGroupedTilesOfHeight(const SdpaParams& p) {
   const int64_t group = SharedKeyValueGroup(p);
-  const int64_t vectors = TileVectors(group * p.query_len, kLanes);
-  if (vectors == 4) return RunGroupedTiles<4, Products>(p, group);
-  if (vectors == 3) return RunGroupedTiles<3, Products>(p, group);
-  if (vectors == 2) return RunGroupedTiles<2, Products>(p, group);
-  return RunGroupedTiles<1, Products>(p, group);
+  WithTileVectors(group * p.query_len, [&](auto qv) {
+    RunGroupedTiles<decltype(qv)::value, Products>(p, group);
+  });
 }
 
 void FusedSdpaRows(const SdpaParams& p) {
@@ -226,11 +234,7 @@ void FusedSdpaRows(const SdpaParams& p) {
 // Query tiles of TileVectors(Lq) vectors (shape_policy.hpp).
 template <class Products>
 void RunTilesOfHeight(const SdpaParams& p) {
-  const int64_t vectors = TileVectors(p.query_len, kLanes);
-  if (vectors == 4) return RunAllTiles<4, Products>(p);
-  if (vectors == 3) return RunAllTiles<3, Products>(p);
-  if (vectors == 2) return RunAllTiles<2, Products>(p);
-  return RunAllTiles<1, Products>(p);
+  WithTileVectors(p.query_len, [&](auto qv) { RunAllTiles<decltype(qv)::value, Products>(p); });
 }
 
 void FusedSdpaTiles(const SdpaParams& p) {
@@ -303,11 +307,14 @@ void fused_sdpa_rows(const SdpaParams& params) { ATTEND_DISPATCH(FusedSdpaRows)(
 
 void fused_sdpa_rows_batch(const SdpaParams* problems, int64_t count) {
   if (count <= 0) return;
+  if (problems[0].half_products()) {
+    throw Error("fused_sdpa_rows_batch: half-precision products run a problem at a time");
+  }
   for (int64_t s = 1; s < count; ++s) {
     const SdpaParams& a = problems[0];
     const SdpaParams& b = problems[s];
     if ((a.block_table == nullptr) != (b.block_table == nullptr) || a.head_dim != b.head_dim ||
-        a.value_dim != b.value_dim || a.num_threads != b.num_threads) {
+        a.value_dim != b.value_dim || a.num_threads != b.num_threads || b.half_products()) {
       throw Error("fused_sdpa_rows_batch: problems differ in more than their sizes and operands");
     }
   }

@@ -21,6 +21,7 @@
 
 #include "dropout.hpp"
 #include "kernels/isa/bf16_pairs.hpp"
+#include "kv_format.hpp"
 #include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
 #include "shape_policy.hpp"
@@ -55,18 +56,75 @@ constexpr int kAccumulators = 8;
 // the output carries a relative error of at most 2^-9 per weight on top of the inputs'
 // rounding (tests/error_model.hpp).
 
+// K and V as stored (SdpaParams::kv_format) into bfloat16 pairs (Bf16Operands::Pack), a
+// vector of kLanes elements at a time: each format widened to float32 (kv_format.hpp's
+// widen_kv, lane by lane), then to bfloat16 (nearest even, bf16_from_f32). int8 codes (at
+// most 127 in magnitude: 7 bits), fp8 codes (E4M3 and E5M2: 3 and 2 mantissa bits, exponents
+// within bfloat16's) and bfloat16 are exact in bfloat16, so for them the rounding is the
+// identity; float16 and float32 round (2^-9 relative).
+template <DType K>
+HWY_INLINE VF WidenStored(DF d, const void* src) {
+  if constexpr (K == DType::kFloat32) {
+    return hn::LoadU(d, static_cast<const float*>(src));
+  } else if constexpr (K == DType::kFloat16 || K == DType::kBFloat16) {
+    using Half = std::conditional_t<K == DType::kBFloat16, hwy::bfloat16_t, hwy::float16_t>;
+    const hn::Rebind<Half, DF> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const Half*>(src)));
+  } else if constexpr (K == DType::kInt8) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::RebindToSigned<DF> di;
+    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, static_cast<const int8_t*>(src))));
+  } else {
+    // fp8 as float16 bits, widened exactly: E5M2 is a float16's top byte; E4M3 sign-extended
+    // and shifted left by 7 has its exponent and mantissa in float16's places and its sign in
+    // bits 15 and 14, and with bit 14 cleared is a float16 of value / 2^8 (biases 15 and 7),
+    // which the multiply by 2^8 restores exactly.
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto code = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const int8_t*>(src)));
+    if constexpr (K == DType::kFloat8E5M2) {
+      return hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(code)));
+    } else {
+      const auto bits = hn::And(hn::ShiftLeft<7>(code), hn::Set(d16, int16_t{-16512}));  // 0xBF80
+      return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, bits)), hn::Set(d, 256.0f));
+    }
+  }
+}
+
+// The bfloat16 of each lane of x in the high half of its 32-bit lane, the low half zero:
+// bf16_from_f32's rounding (nearest even; NaN stays a quiet NaN), skipped for the formats
+// bfloat16 holds exactly (EXACT).
+template <bool EXACT>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> Bf16High(DF d, VF x) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, x);
+  const auto high = hn::Set(du, 0xFFFF0000u);
+  if constexpr (EXACT) return hn::And(bits, high);
+  const auto rounded =
+      hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u))));
+  const auto nan = hn::RebindMask(du, hn::IsNaN(x));
+  (void)d;
+  return hn::And(hn::IfThenElse(nan, hn::Or(bits, hn::Set(du, 0x00400000u)), rounded), high);
+}
+
 // One thread's bfloat16 operands of its current query tile and K/V span (allocated at the
 // first use by a call that computes in bfloat16; null otherwise).
 struct Bf16Operands {
   hwy::AlignedFreeUniquePtr<uint32_t[]> query_pairs;  // [E/2][Tq]
   hwy::AlignedFreeUniquePtr<uint32_t[]> prob_pairs;   // [Tk/2][Tq]
   hwy::AlignedFreeUniquePtr<uint32_t[]> packed;       // key [count][E/2], then value [count/2][Ev]
+  // The span's per-key scales of the scaled formats (int8, fp8; else null), [count] each.
+  hwy::AlignedFreeUniquePtr<float[]> scales;          // key's [Lk], then value's [Lk]
+  hwy::AlignedFreeUniquePtr<int64_t[]> slots;         // [Lk]: the span's storage rows (SpanSlots)
   int64_t packed_words = 0;
-  const uint16_t* key_from = nullptr;  // the span packed last: operands and first key
-  const uint16_t* value_from = nullptr;
+  const void* key_from = nullptr;  // the span packed last: operands and first key
+  const void* value_from = nullptr;
   int64_t begin = -1, count = 0;
   const uint32_t* key = nullptr;    // packed K of the span: row j − begin
   const uint32_t* value = nullptr;  // packed V of the span: pair row (j − begin) / 2
+  const float* key_scale = nullptr;    // scale of key j at [j − begin], or null
+  const float* value_scale = nullptr;  // the same for V
 
   bool Allocate(const SdpaParams& p, int64_t tq, int64_t key_tile) {
     if (!p.half_products()) return true;
@@ -74,6 +132,14 @@ struct Bf16Operands {
     prob_pairs = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(PairsOf(key_tile) * tq));
     packed_words = PackedWords(p, p.key_len);
     packed = hwy::AllocateAligned<uint32_t>(static_cast<size_t>(packed_words));
+    if (p.key_scales != nullptr) {
+      scales = hwy::AllocateAligned<float>(static_cast<size_t>(2 * std::max<int64_t>(p.key_len, 1)));
+      if (!scales) return false;
+    }
+    if (p.bf16_kv_products) {
+      slots = hwy::AllocateAligned<int64_t>(static_cast<size_t>(std::max<int64_t>(p.key_len, 1)));
+      if (!slots) return false;
+    }
     return query_pairs && prob_pairs && packed;
   }
 
@@ -84,27 +150,60 @@ struct Bf16Operands {
   }
 
   // K and V of keys [begin, begin + count) of the tile's batch index, packed (once per
-  // thread and span; the tiles of one batch index reuse it). The grouped-query tiles read a
-  // span once, and still copy K: the copy streams K in order, where the score blocks' 12
-  // rows 512 B apart would each wait on memory (BENCHMARKS.md, "Speculative verification as
-  // compute tiles").
-  void Pack(const SdpaParams& p, const uint16_t* key_rows, int64_t key_stride,
-            const uint16_t* value_rows, int64_t value_stride, int64_t span_begin,
-            int64_t span_count) {
+  // thread and span; the tiles of one batch index reuse it): half-precision operands of the
+  // products (tile.key_half: bfloat16, or float16 for float16 products) copied as they are;
+  // K and V as stored (bf16_kv_products: any kv_format, or float32) widened to bfloat16
+  // (WidenStored, Bf16High), key j read from storage row p.key_slot(j) (the block table's
+  // row map, a block at a time: SpanSlots), with their scales. The grouped-query tiles read a span once, and still copy K:
+  // the copy streams K in order, where the score blocks' 12 rows 512 B apart would each wait
+  // on memory (BENCHMARKS.md, "Speculative verification as compute tiles").
+  void Pack(const SdpaParams& p, const Tile& tile, int64_t span_begin, int64_t span_count) {
+    const void* key_rows = tile.key_half;
+    const void* value_rows = tile.value_half;
+    if (key_rows == nullptr) {
+      key_rows = tile.key_stored != nullptr ? tile.key_stored : tile.key;
+      value_rows = tile.value_stored != nullptr ? tile.value_stored : tile.value;
+    }
     if (key_from == key_rows && value_from == value_rows && begin == span_begin &&
         count == span_count) {
       return;
     }
-    const int64_t e2 = PairsOf(p.head_dim), ev = p.value_dim;
+    const int64_t e2 = PairsOf(p.head_dim);
     uint32_t* k = packed.get();
     uint32_t* v = k + span_count * e2;
-    for (int64_t j = 0; j < span_count; ++j) {
-      HalfPairsAlongRow(key_rows + (span_begin + j) * key_stride, p.head_dim, k + j * e2, 1);
-    }
-    for (int64_t j = 0; j < span_count; j += 2) {
-      const uint16_t* v0 = value_rows + (span_begin + j) * value_stride;
-      HalfPairsAcrossRows(v0, j + 1 < span_count ? v0 + value_stride : nullptr, ev,
-                          v + (j / 2) * ev);
+    if (tile.key_half != nullptr) {
+      const int64_t ks = tile.key_stride, vs = tile.value_stride;
+      for (int64_t j = 0; j < span_count; ++j) {
+        HalfPairsAlongRow(tile.key_half + p.key_slot(span_begin + j) * ks, p.head_dim, k + j * e2, 1);
+      }
+      for (int64_t j = 0; j < span_count; j += 2) {
+        const uint16_t* v0 = tile.value_half + p.key_slot(span_begin + j) * vs;
+        const uint16_t* v1 =
+            j + 1 < span_count ? tile.value_half + p.key_slot(span_begin + j + 1) * vs : nullptr;
+        HalfPairsAcrossRows(v0, v1, p.value_dim, v + (j / 2) * p.value_dim);
+      }
+      key_scale = value_scale = nullptr;
+    } else {
+      switch (p.stored_kv() ? p.kv_format : DType::kFloat32) {
+        case DType::kFloat16:
+          PackStored<DType::kFloat16>(p, tile, span_begin, span_count, k, v);
+          break;
+        case DType::kBFloat16:
+          PackStored<DType::kBFloat16>(p, tile, span_begin, span_count, k, v);
+          break;
+        case DType::kInt8:
+          PackStored<DType::kInt8>(p, tile, span_begin, span_count, k, v);
+          break;
+        case DType::kFloat8E4M3:
+          PackStored<DType::kFloat8E4M3>(p, tile, span_begin, span_count, k, v);
+          break;
+        case DType::kFloat8E5M2:
+          PackStored<DType::kFloat8E5M2>(p, tile, span_begin, span_count, k, v);
+          break;
+        default:
+          PackStored<DType::kFloat32>(p, tile, span_begin, span_count, k, v);
+          break;
+      }
     }
     key_from = key_rows;
     value_from = value_rows;
@@ -113,16 +212,103 @@ struct Bf16Operands {
     key = k;
     value = v;
   }
+
+ private:
+  // Pack's K and V as stored in format F: K row j as bfloat16 pairs along E (the row's
+  // bfloat16 elements in order, an odd E padded with a zero), V rows j and j + 1 as pairs
+  // across them ((V[j][c], V[j + 1][c]); an odd count's last row paired with zeros); the
+  // scales of the span's keys into `scales`.
+  template <DType F>
+  void PackStored(const SdpaParams& p, const Tile& tile, int64_t span_begin, int64_t span_count,
+                  uint32_t* HWY_RESTRICT k, uint32_t* HWY_RESTRICT v) {
+    constexpr bool kExact = F != DType::kFloat32 && F != DType::kFloat16;
+    const DF d;
+    const hn::RebindToUnsigned<DF> du;
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<uint16_t, DF> du16;
+    const auto element = static_cast<int64_t>(dtype_size(F));
+    const auto* key_base = static_cast<const char*>(tile.key_stored ? tile.key_stored
+                                                                    : static_cast<const void*>(tile.key));
+    const auto* value_base = static_cast<const char*>(
+        tile.value_stored ? tile.value_stored : static_cast<const void*>(tile.value));
+    const int64_t key_row_bytes = tile.key_stride * element;
+    const int64_t value_row_bytes = tile.value_stride * element;
+    const int64_t e = p.head_dim, ev = p.value_dim, e2 = PairsOf(e);
+    const auto bf16_at = [&](const char* row, int64_t i) -> uint32_t {
+      return bf16_from_f32(widen_kv(F, row, i));
+    };
+    float* key_scales = scales.get();
+    float* value_scales = key_scales ? key_scales + p.key_len : nullptr;
+    int64_t* slot_of = slots.get();  // slot_of[j]: key span_begin + j's storage row
+    SpanSlots(p, span_begin, span_count, slot_of);
+    // Rows kPackAhead keys on are prefetched: a block table's runs of rows (and the other
+    // heads' rows between a head's) are too short for the hardware prefetchers, and the copy
+    // would otherwise wait on memory at each row.
+    constexpr int64_t kPackAhead = 16;
+    const auto prefetch = [](const char* row, int64_t bytes) {
+      for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o, 0, 0);
+    };
+    for (int64_t j = 0; j < span_count; ++j) {
+      const int64_t slot = slot_of[j];
+      const char* row = key_base + slot * key_row_bytes;
+      if (j + kPackAhead < span_count) {
+        prefetch(key_base + slot_of[j + kPackAhead] * key_row_bytes, e * element);
+      }
+      auto* out = reinterpret_cast<uint16_t*>(k + j * e2);
+      int64_t i = 0;
+      for (; i + kLanes <= e; i += kLanes) {
+        const auto high = Bf16High<kExact>(d, WidenStored<F>(d, row + i * element));
+        hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, hn::ShiftRight<16>(high))), du16, out + i);
+      }
+      for (; i < e; ++i) out[i] = static_cast<uint16_t>(bf16_at(row, i));
+      if (e % 2) out[e] = 0;
+      if (key_scales) key_scales[j] = tile.key_scales[slot * p.key_scale_strides.row];
+    }
+    for (int64_t j = 0; j < span_count; j += 2) {
+      const int64_t slot0 = slot_of[j];
+      const bool pair = j + 1 < span_count;
+      const int64_t slot1 = pair ? slot_of[j + 1] : slot0;
+      const char* row0 = value_base + slot0 * value_row_bytes;
+      const char* row1 = value_base + slot1 * value_row_bytes;
+      for (int64_t a = j + kPackAhead; a < std::min(j + kPackAhead + 2, span_count); ++a) {
+        prefetch(value_base + slot_of[a] * value_row_bytes, ev * element);
+      }
+      uint32_t* out = v + (j / 2) * ev;
+      int64_t c = 0;
+      for (; c + kLanes <= ev; c += kLanes) {
+        const auto lo = hn::ShiftRight<16>(Bf16High<kExact>(d, WidenStored<F>(d, row0 + c * element)));
+        const auto hi = pair ? Bf16High<kExact>(d, WidenStored<F>(d, row1 + c * element)) : hn::Zero(du);
+        hn::StoreU(hn::Or(lo, hi), du, out + c);
+      }
+      for (; c < ev; ++c) out[c] = bf16_at(row0, c) | (pair ? bf16_at(row1, c) << 16 : 0u);
+      if (value_scales) {
+        value_scales[j] = tile.value_scales[slot0 * p.value_scale_strides.row];
+        if (pair) value_scales[j + 1] = tile.value_scales[slot1 * p.value_scale_strides.row];
+      }
+    }
+    key_scale = key_scales;
+    value_scale = value_scales;
+  }
 };
 
 // query_pairs[e2][r] = (Q_r[2·e2], Q_r[2·e2 + 1]) for rows r < rows (the rest zero), Q_r
-// the bfloat16 query row row_of(r) points at, unscaled: the scale is applied to the float32
-// scores.
+// the query row row_of(r) points at: bfloat16 as it is, float32 rounded to bfloat16 (nearest
+// even, bf16_from_f32); unscaled: the scale is applied to the float32 scores.
 template <class RowOf>
 inline void LoadQueryPairs(const SdpaParams& p, const RowOf& row_of, int64_t rows, int64_t tq,
                            uint32_t* HWY_RESTRICT query_pairs) {
   const int64_t e2 = PairsOf(p.head_dim);
-  for (int64_t r = 0; r < rows; ++r) HalfPairsAlongRow(row_of(r), p.head_dim, query_pairs + r, tq);
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* q = row_of(r);
+    if constexpr (std::is_same_v<std::remove_cv_t<std::remove_pointer_t<decltype(q)>>, float>) {
+      for (int64_t i = 0; i < e2; ++i) {
+        const int64_t e = 2 * i;
+        query_pairs[i * tq + r] = PairOfFloats(q[e], e + 1 < p.head_dim ? q[e + 1] : 0.0f);
+      }
+    } else {
+      HalfPairsAlongRow(q, p.head_dim, query_pairs + r, tq);
+    }
+  }
   for (int64_t i = 0; i < e2; ++i)
     std::fill(query_pairs + i * tq + rows, query_pairs + (i + 1) * tq, 0u);
 }
@@ -468,6 +654,11 @@ class TileAttention {
     const float factor = has_score_mods(p_) ? p_.scale : p_.scale * kLog2e;
     if constexpr (kPairs) {
       score_factor_ = factor;
+      if (tile.query_half == nullptr) {  // float32 queries (SdpaParams::bf16_kv_products)
+        const auto row_of = [&](int64_t r) { return QueryRowOf(p_, tile, r); };
+        LoadQueryPairs(p_, row_of, tile.rows, kTq, QueryPairs());
+        return;
+      }
       const auto row_of = [&](int64_t r) { return QueryRowOf(p_, tile, tile.query_half, r); };
       LoadQueryPairs(p_, row_of, tile.rows, kTq, QueryPairs());
       return;
@@ -639,6 +830,21 @@ class TileAttention {
     Products::Product(keys, QV, pairs, KeyPairs(k0), PairsB{QueryPairs(), kTq},
                       PairsC{ws_.score_t.get(), kTq, PairStart::kZero, nullptr,
                              fold_scale_ ? 1.0f : score_factor_});
+    if constexpr (!kTakesTileOperands<Products>) {
+      // The scaled formats: score_j = scale_j·(q·code_j), the codes exact in the pairs and
+      // the key's scale applied to the float32 product (one rounding more per score).
+      if (const float* key_scale = ws_.bf16.key_scale) {
+        const DF d;
+        float* score_t = ws_.score_t.get();
+        for (int64_t j = 0; j < keys; ++j) {
+          const VF s = hn::Set(d, key_scale[k0 - ws_.bf16.begin + j]);
+          for (int r = 0; r < QV; ++r) {
+            float* row = score_t + j * kTq + r * kLanes;
+            hn::Store(hn::Mul(hn::Load(d, row), s), d, row);
+          }
+        }
+      }
+    }
   }
 
   // The bfloat16 operands: Q's pairs of the tile, P's pairs of the key tile, and K's and V's
@@ -897,8 +1103,24 @@ class TileAttention {
 
   // The same with bfloat16 products: the probabilities rounded to pairs, V from ws_.bf16.
   void AccumulateValuesPairs(int64_t k0, int64_t keys, const float* alpha) {
-    const float* score_t = ws_.score_t.get();
+    float* score_t = ws_.score_t.get();
     uint32_t* prob_pairs = ProbPairs();
+    if constexpr (!kTakesTileOperands<Products>) {
+      // The scaled formats: P_j·V_j = (P_j·scale_j)·code_j, the value's scale folded into the
+      // probability before it is rounded to bfloat16 (the sums l have taken P_j already; the
+      // product P_j·scale_j adds one float32 rounding to the 2^-9 of the bfloat16 one), the
+      // codes exact in the pairs.
+      if (const float* value_scale = ws_.bf16.value_scale) {
+        const DF d;
+        for (int64_t j = 0; j < keys; ++j) {
+          const VF s = hn::Set(d, value_scale[k0 - ws_.bf16.begin + j]);
+          for (int r = 0; r < QV; ++r) {
+            float* row = score_t + j * kTq + r * kLanes;
+            hn::Store(hn::Mul(hn::Load(d, row), s), d, row);
+          }
+        }
+      }
+    }
     for (int64_t j = 0; j < keys; j += 2) {
       Products::PairsAcrossRows(score_t + j * kTq, j + 1 < keys ? score_t + (j + 1) * kTq : nullptr,
                                 kTq, prob_pairs + j / 2 * kTq);

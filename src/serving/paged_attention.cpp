@@ -332,10 +332,24 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
   // block table (the row groups; sdpa_boundary.hpp's StoredKeys); longer chunks of queries
   // (prefill) and bfloat16 products gather each sequence's keys into a contiguous copy for
   // the query tiles.
+  // kBFloat16 reads them in place where the grouped-query tiles take the sequence's shape on
+  // bfloat16 products (stored_kv_bf16_products), and gathers a copy for the dense call's
+  // bfloat16 products otherwise.
   detail::StoredKeys blocks{key_blocks, value_blocks, key_scales, value_scales};
-  const bool blocks_in_place =
-      blocks.readable_in_place() &&
-      (options.compute == ComputePrecision::kAuto || options.compute == ComputePrecision::kFloat32);
+  const bool readable = blocks.readable_in_place();
+  const int64_t kv_heads = key_blocks.shape[2];
+  const int64_t kv_group =
+      kv_heads > 0 && query.shape[1] % kv_heads == 0 ? query.shape[1] / kv_heads : 1;
+  const auto reads_in_place = [&](const RaggedSequence& seq) {
+    if (!readable || seq.q_len <= 0 || seq.q_len > kMaxDecodeQueries) return false;
+    if (options.compute == ComputePrecision::kAuto ||
+        options.compute == ComputePrecision::kFloat32) {
+      return true;
+    }
+    return options.compute == ComputePrecision::kBFloat16 &&
+           detail::stored_kv_bf16_products(key_blocks.dtype, options, kv_group, seq.q_len,
+                                           seq.k_len, query.shape[2], value_blocks.shape[3]);
+  };
   // The sequences read in place, collected here and run after the others as one work list
   // over all threads (run_over_stored_keys_batch: a short sequence does not hold a thread,
   // a long one is shared by all), each with the bits of its own dense call.
@@ -355,7 +369,7 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
   // What is left to run a sequence at a time: prefill chunks, and key_mass's dense calls.
   std::vector<RaggedSequence> one_at_a_time = sequences;
   for (size_t s = 0; s < sequences.size(); ++s) {
-    if (blocks_in_place && sequences[s].q_len > 0 && sequences[s].q_len <= kMaxDecodeQueries) {
+    if (reads_in_place(sequences[s])) {
       in_place.push_back(in_place_call(s));
       if (!key_mass) one_at_a_time[s].q_len = 0;
     }
@@ -365,7 +379,7 @@ void paged_attention(const TensorView& query, const TensorView& cu_seqlens_q,
       [&](size_t s, int sequence_threads) {
         const RaggedSequence& seq = sequences[s];
         const CachedKeys& keys = cached[s];
-        const bool read_in_place = blocks_in_place && seq.q_len <= kMaxDecodeQueries;
+        const bool read_in_place = reads_in_place(seq);
         const TensorView q = detail::sequence_view(query, seq.q_begin, seq.q_len);
         AttentionOptions o = per_sequence;
         o.num_threads = sequence_threads;
