@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "score_rule_layer.hpp"
 #include "sdpa_params.hpp"
 
 namespace attend::detail {
@@ -206,7 +207,7 @@ inline PackedRow UnpackRow(int64_t row, int64_t group) { return {row % group, ro
 // once), its softmax over one vector of keys and P·V, with no key split and no workspace.
 // Float32 K and V read in place only, and only the rules of a row's position and head:
 // causal, window, prefix, ALiBi, sinks, logsumexp, fully excluded rows. Declined (to the row
-// groups or the query tiles, which run them): softcap, mask, bias, documents (segment ids),
+// groups or the query tiles, which run them): step 2's shaping (softcap), mask, bias, documents (segment ids),
 // user rules, dropout, weights, half-precision, stored or paged K/V, half-precision products.
 // Up to 8 float32 lanes: on AVX-512 the kernel runs 256-bit vectors (with 16 lanes a row's 4
 // keys would fill a quarter of a vector; BENCHMARKS.md, "Short keys", compares a 16-lane form
@@ -224,8 +225,8 @@ inline const char* ShortKeysDeclines(const SdpaParams& p, int64_t lanes) {
   }
   if (p.weights != nullptr || p.dropout != 0.0f) return "weights or dropout";
   if (p.mask != nullptr || p.bias != nullptr || p.segment_query != nullptr ||
-      p.user_rules != nullptr || p.softcap > 0.0f) {
-    return "a mask, bias, documents, user rules or softcap";
+      p.user_rules != nullptr || has_score_shaping(p)) {
+    return "a mask, bias, documents, user rules or a step-2 score shaping (softcap)";
   }
   return nullptr;
 }
