@@ -54,6 +54,8 @@
 #include "kernels/forward_common-inl.h"
 // register transposes and the packed K/V copy;
 #include "kernels/packing-inl.h"
+// K and V as stored, widened a vector at a time;
+#include "kernels/kv_loads-inl.h"
 // bfloat16 products (AVX512_BF16): pair packing and register blocks;
 #include "kernels/isa/avx512_bf16-inl.h"
 // bfloat16 products on AMX tiles: the same interface;

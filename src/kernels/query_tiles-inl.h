@@ -57,39 +57,16 @@ constexpr int kAccumulators = 8;
 // rounding (tests/error_model.hpp).
 
 // K and V as stored (SdpaParams::kv_format) into bfloat16 pairs (Bf16Operands::Pack), a
-// vector of kLanes elements at a time: each format widened to float32 (kv_format.hpp's
-// widen_kv, lane by lane), then to bfloat16 (nearest even, bf16_from_f32). int8 codes (at
-// most 127 in magnitude: 7 bits), fp8 codes (E4M3 and E5M2: 3 and 2 mantissa bits, exponents
-// within bfloat16's) and bfloat16 are exact in bfloat16, so for them the rounding is the
-// identity; float16 and float32 round (2^-9 relative).
+// vector of kLanes elements at a time: each format widened to float32 by the row groups' load
+// (kv_loads-inl.h: LoadKV, times its unit kKvUnit), then to bfloat16 (nearest even,
+// bf16_from_f32). int8 codes (at most 127 in magnitude: 7 bits), fp8 codes (E4M3 and E5M2: 3
+// and 2 mantissa bits, exponents within bfloat16's) and bfloat16 are exact in bfloat16, so for
+// them the rounding is the identity; float16 and float32 round (2^-9 relative).
 template <DType K>
 HWY_INLINE VF WidenStored(DF d, const void* src) {
-  if constexpr (K == DType::kFloat32) {
-    return hn::LoadU(d, static_cast<const float*>(src));
-  } else if constexpr (K == DType::kFloat16 || K == DType::kBFloat16) {
-    using Half = std::conditional_t<K == DType::kBFloat16, hwy::bfloat16_t, hwy::float16_t>;
-    const hn::Rebind<Half, DF> dh;
-    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const Half*>(src)));
-  } else if constexpr (K == DType::kInt8) {
-    const hn::Rebind<int8_t, DF> d8;
-    const hn::RebindToSigned<DF> di;
-    return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, static_cast<const int8_t*>(src))));
-  } else {
-    // fp8 as float16 bits, widened exactly: E5M2 is a float16's top byte; E4M3 sign-extended
-    // and shifted left by 7 has its exponent and mantissa in float16's places and its sign in
-    // bits 15 and 14, and with bit 14 cleared is a float16 of value / 2^8 (biases 15 and 7),
-    // which the multiply by 2^8 restores exactly.
-    const hn::Rebind<int8_t, DF> d8;
-    const hn::Rebind<int16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto code = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const int8_t*>(src)));
-    if constexpr (K == DType::kFloat8E5M2) {
-      return hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(code)));
-    } else {
-      const auto bits = hn::And(hn::ShiftLeft<7>(code), hn::Set(d16, int16_t{-16512}));  // 0xBF80
-      return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, bits)), hn::Set(d, 256.0f));
-    }
-  }
+  const VF x = LoadKV<K>(d, static_cast<KvPtr<K>>(src));
+  if constexpr (kKvUnit<K> != 1.0f) return hn::Mul(x, hn::Set(d, kKvUnit<K>));
+  return x;
 }
 
 // The bfloat16 of each lane of x in the high half of its 32-bit lane, the low half zero:
